@@ -23,6 +23,10 @@ if ROOT not in sys.path:
 
 DEVICE = "cuda" if HAS_CUDA else "cpu"
 
+# Test shapes are tiny: one thread per process is faster than two fighting over small matmuls,
+# and leaves the second core to a parallel worker.
+torch.set_num_threads(1)
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped on CPU)")

@@ -1,0 +1,317 @@
+"""The decoder: one Config, a layer pattern of KDA and attention layers, three kinds of residual.
+
+    Config(pattern="A")      every layer is causal softmax attention (RoPE)
+    Config(pattern="KKKA")   Kimi Linear's hybrid: 3 Kimi Delta Attention layers per attention layer,
+                             attention without positional encoding (NoPE), as in arXiv 2510.26692
+    Config(residual="attnres_block")   Attention Residuals (attnres.py) instead of x + f(norm(x))
+
+Each layer is two sublayers, a token mixer (attention or KDA) and a SwiGLU MLP, each behind an RMSNorm
+(PreNorm). Text tokens are embedded by `wte`; image tokens (vision.py) are spliced into the same
+embedding sequence when `Config.vision` is set (early fusion). Every attention layer can report its
+per-head maximum logit, which QK-Clip (muonclip.py) needs.
+
+    python model.py          # builds the default configs and prints their parameter counts
+"""
+import math
+from dataclasses import dataclass, fields
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+@dataclass
+class Config:
+    vocab_size: int = 50304          # GPT-2's 50257 padded to a multiple of 64; ids >= 50257 are free
+    block_size: int = 256            # training context length
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int = 0               # grouped KV heads for attention; 0 = n_head (plain multi-head)
+    n_embd: int = 256
+    pattern: str = "A"               # repeated over the layers: A = softmax attention, K = KDA
+    rope: str = "auto"               # auto | rope | nope; auto = RoPE unless the pattern has K layers
+    rope_theta: float = 10000.0
+    mlp_hidden: int = 0              # SwiGLU width; 0 = 8/3 * n_embd rounded up to a multiple of 64
+    tie_embeddings: bool = False
+    norm_eps: float = 1e-6
+    residual: str = "standard"       # standard | attnres_full | attnres_block
+    attnres_block_size: int = 4      # sublayers per block for attnres_block (block size 1 = full)
+    kda_n_head: int = 0              # 0 = n_head
+    kda_head_dim: int = 0            # 0 = n_embd // n_head
+    backend: str = "auto"            # kernels: auto (Triton on CUDA, reference on CPU) | ref | triton
+    vision: bool = False             # early-fusion image tokens (vision.py)
+
+    def __post_init__(self):
+        if not self.pattern or set(self.pattern) - set("AK"):
+            raise ValueError(f"pattern={self.pattern!r}: use letters A (attention) and K (KDA), e.g. 'KKKA'")
+        if self.residual not in ("standard", "attnres_full", "attnres_block"):
+            raise ValueError(f"residual={self.residual!r}: use standard | attnres_full | attnres_block")
+        if self.rope not in ("auto", "rope", "nope"):
+            raise ValueError(f"rope={self.rope!r}: use auto | rope | nope")
+        if self.backend not in ("auto", "ref", "triton"):
+            raise ValueError(f"backend={self.backend!r}: use auto | ref | triton")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}")
+        if self.n_kv_head and self.n_head % self.n_kv_head:
+            raise ValueError(f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}")
+        if min(self.n_layer, self.n_head, self.n_embd, self.block_size, self.vocab_size) < 1:
+            raise ValueError("n_layer, n_head, n_embd, block_size and vocab_size must be positive")
+        if self.attnres_block_size < 1:
+            raise ValueError(f"attnres_block_size={self.attnres_block_size} must be >= 1")
+
+    @property
+    def layer_kinds(self) -> str:
+        """One letter per layer: the pattern repeated and cut to n_layer."""
+        return (self.pattern * self.n_layer)[:self.n_layer]
+
+    @property
+    def use_rope(self) -> bool:
+        return self.rope == "rope" or (self.rope == "auto" and "K" not in self.pattern)
+
+
+def config_from_dict(d: dict) -> Config:
+    """Config from a (checkpoint) dict, ignoring keys this version does not know."""
+    names = {f.name for f in fields(Config)}
+    return Config(**{k: v for k, v in d.items() if k in names})
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float = 1e-6):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        # float32 statistics whatever the autocast dtype
+        return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).type_as(x)
+
+
+def apply_rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [B, H, T, Dh] by position start + t."""
+    T, Dh = x.shape[-2], x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, Dh // 2, device=x.device, dtype=torch.float32) / (Dh // 2))
+    angles = torch.outer(torch.arange(start, start + T, device=x.device, dtype=torch.float32), inv_freq)
+    cos, sin = angles.cos(), angles.sin()                                  # [T, Dh/2]
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+def max_logit_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per (batch, query head) max over causal pairs of scale * q.k, from explicit logits.
+
+    q [B, H, T, Dh], k [B, Hkv, T, Dh] -> float32 [B, H]. O(T^2) memory: a reference, not a fast path.
+    """
+    H, Hkv, T = q.shape[1], k.shape[1], q.shape[2]
+    k = k.repeat_interleave(H // Hkv, dim=1)                               # [B, H, T, Dh]
+    logits = scale * (q.float() @ k.float().transpose(-1, -2))             # [B, H, T, T]
+    causal = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
+    return logits.masked_fill(~causal, float("-inf")).amax(dim=(-1, -2))
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head causal attention through SDPA; grouped KV heads; RoPE or NoPE; a KV cache."""
+
+    def __init__(self, config: Config):
+        super().__init__()
+        self.n_head = config.n_head
+        self.n_kv_head = config.n_kv_head or config.n_head
+        self.head_dim = config.n_embd // config.n_head
+        self.use_rope, self.rope_theta = config.use_rope, config.rope_theta
+        D, Dh = config.n_embd, self.head_dim
+        self.q_proj = nn.Linear(D, self.n_head * Dh, bias=False)
+        self.k_proj = nn.Linear(D, self.n_kv_head * Dh, bias=False)
+        self.v_proj = nn.Linear(D, self.n_kv_head * Dh, bias=False)
+        self.o_proj = nn.Linear(self.n_head * Dh, D, bias=False)
+        # QK-Clip reads max_logit [n_head] after each forward in which record_max_logit is True
+        self.record_max_logit = False
+        self.max_logit = None
+
+    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # [B, H, T, Dh]
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        past = cache["k"].shape[2] if cache else 0
+        if self.use_rope:
+            q, k = apply_rope(q, past, self.rope_theta), apply_rope(k, past, self.rope_theta)
+        if self.record_max_logit and self.training:
+            self.max_logit = self._max_logit(q.detach(), k.detach()).amax(dim=0)      # [H]
+        if cache is not None:
+            if past:
+                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
+            cache["k"], cache["v"] = k, v
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)             # [B, H, S, Dh]
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        if past == 0 or T == 1:
+            # no cache or a one-token step: plain causal (a single query may see every cached key)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=(past == 0 and T > 1))
+        else:
+            # prefill after a cache: query t sits at position past + t
+            S = k.shape[2]
+            mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=past)
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)              # [B, T, H*Dh]
+        return self.o_proj(y)
+
+    def _max_logit(self, q, k):
+        try:  # the tiled kernel when muonclip.py provides it; exact logits otherwise
+            from muonclip import max_logit
+        except ImportError:
+            return max_logit_exact(q, k, self.head_dim ** -0.5)
+        return max_logit(q, k, self.head_dim ** -0.5)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        hidden = config.mlp_hidden or 64 * math.ceil(8 * config.n_embd / 3 / 64)
+        self.gate_proj = nn.Linear(config.n_embd, hidden, bias=False)
+        self.up_proj = nn.Linear(config.n_embd, hidden, bias=False)
+        self.down_proj = nn.Linear(hidden, config.n_embd, bias=False)
+
+    def forward(self, x):
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Block(nn.Module):
+    """One layer = two sublayers: mixer(norm1(h)) and mlp(norm2(h))."""
+
+    def __init__(self, config: Config, kind: str):
+        super().__init__()
+        self.kind = kind
+        self.norm1 = RMSNorm(config.n_embd, config.norm_eps)
+        if kind == "A":
+            self.mixer = CausalSelfAttention(config)
+        else:
+            from kda import KimiDeltaAttention
+            self.mixer = KimiDeltaAttention(
+                d_model=config.n_embd, n_heads=config.kda_n_head or config.n_head,
+                head_dim=config.kda_head_dim or config.n_embd // config.n_head, backend=config.backend)
+        self.norm2 = RMSNorm(config.n_embd, config.norm_eps)
+        self.mlp = SwiGLU(config)
+
+    def sublayers(self, cache: dict | None):
+        """The two sublayer functions, in order, each applying its own PreNorm."""
+        return [lambda h: self.mixer(self.norm1(h), cache), lambda h: self.mlp(self.norm2(h))]
+
+
+class GPT(nn.Module):
+    def __init__(self, config: Config):
+        super().__init__()
+        self.config = config
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
+        if config.residual != "standard":
+            from attnres import AttnResStream
+            block = None if config.residual == "attnres_full" else config.attnres_block_size
+            self.attnres = AttnResStream(2 * config.n_layer, config.n_embd, block_size=block,
+                                         eps=config.norm_eps, backend=config.backend)
+        if config.vision:
+            from vision import EarlyFusion
+            self.vision = EarlyFusion(config)
+        self.norm_f = RMSNorm(config.n_embd, config.norm_eps)
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self._init_weights()
+        if config.tie_embeddings:
+            self.lm_head.weight = self.wte.weight
+
+    def _init_weights(self):
+        # GPT-2's scheme for the parts defined here; KDA, AttnRes and vision initialise their own
+        std = 0.02
+        nn.init.normal_(self.wte.weight, std=std)
+        nn.init.normal_(self.lm_head.weight, std=std)
+        for block in self.blocks:
+            mods = [block.mlp.gate_proj, block.mlp.up_proj]
+            if block.kind == "A":
+                mods += [block.mixer.q_proj, block.mixer.k_proj, block.mixer.v_proj]
+            for m in mods:
+                nn.init.normal_(m.weight, std=std)
+            # residual-branch outputs scaled down with depth, so the stream's variance stays bounded
+            outs = [block.mlp.down_proj] + ([block.mixer.o_proj] if block.kind == "A" else [])
+            for m in outs:
+                nn.init.normal_(m.weight, std=std / math.sqrt(2 * self.config.n_layer))
+
+    def num_params(self, exclude_embedding: bool = True) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.wte.weight.numel() if exclude_embedding else n
+
+    def attention_layers(self) -> list[CausalSelfAttention]:
+        return [b.mixer for b in self.blocks if b.kind == "A"]
+
+    def forward(self, idx, targets=None, images=None, caches=None, return_weights=False):
+        """idx [B, T] token ids -> (logits [B, T, V], loss or None) (+ depth weights if asked).
+
+        targets [B, T] with -1 where no loss is taken (image tokens, prompts, padding).
+        images: the image batch vision.EarlyFusion expects (requires Config.vision).
+        caches: a list of one dict per layer for incremental decoding (see generate()).
+        """
+        B, T = idx.shape
+        if caches is None and T > self.config.block_size:
+            raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
+        x = self.wte(idx)                                                  # [B, T, D]
+        if images is not None:
+            if not self.config.vision:
+                raise ValueError("images were given but the model was built with vision=False")
+            x = self.vision(x, idx, images)
+        sublayers = []
+        for i, block in enumerate(self.blocks):
+            sublayers += block.sublayers(caches[i] if caches is not None else None)
+        weights = None
+        if self.config.residual == "standard":
+            for f in sublayers:
+                x = x + f(x)
+        elif return_weights:
+            x, weights = self.attnres(x, sublayers, return_weights=True)
+        else:
+            x = self.attnres(x, sublayers, two_phase=caches is not None)
+        x = self.norm_f(x)
+        logits = self.lm_head(x).float()                                   # [B, T, V]
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+        return (logits, loss, weights) if return_weights else (logits, loss)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
+                 images=None, generator: torch.Generator | None = None):
+        """Sample max_new_tokens after the prompt idx [B, T0] using per-layer caches.
+
+        Attention layers keep a KV cache, KDA layers a constant-size recurrent state, so each new token
+        costs one forward step of length 1. temperature 0 means greedy.
+        """
+        was_training = self.training
+        self.eval()
+        caches = [dict() for _ in self.blocks]
+        logits, _ = self(idx, images=images, caches=caches)               # prefill
+        out = idx
+        for _ in range(max_new_tokens):
+            logits = logits[:, -1, :]
+            if temperature == 0:
+                nxt = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = torch.topk(logits, min(top_k, logits.size(-1))).values[:, [-1]]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
+            out = torch.cat([out, nxt], dim=1)
+            logits, _ = self(nxt, caches=caches)
+        self.train(was_training)
+        return out
+
+    def flops_per_token(self, T: int) -> float:
+        """Training FLOPs per token (6N plus attention's T-dependent term), for MFU."""
+        c = self.config
+        n_attn = c.layer_kinds.count("A")
+        return 6 * self.num_params() + 12 * n_attn * c.n_embd * T
+
+
+if __name__ == "__main__":
+    for cfg in (Config(), Config(pattern="KKKA"), Config(residual="attnres_block")):
+        try:
+            m = GPT(cfg)
+        except ImportError as e:
+            print(f"{cfg.pattern} {cfg.residual}: needs {e.name}.py")
+            continue
+        print(f"pattern={cfg.layer_kinds} residual={cfg.residual}: {m.num_params() / 1e6:.2f}M non-embedding params")

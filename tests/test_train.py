@@ -1,0 +1,204 @@
+"""The foundation: data, tokenizer, the decoder, the trainer, checkpoints and DDP."""
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+import data
+import train
+from model import GPT, Config
+
+TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, grad_accum=2, eval_iters=2,
+            eval_interval=1000, log_interval=1, sample_tokens=0, warmup_iters=2, lr=3e-3, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """~60 KB of English from the stdlib (pydoc's topic help), cached in a temporary folder."""
+    import pydoc_data.topics as topics
+    text = "\n".join(list(topics.topics.values())[:40])[:60000]
+    folder = tmp_path_factory.mktemp("corpus")
+    path = folder / "tiny.txt"
+    path.write_text(text)
+    os.environ["KIMI_DATA_CACHE"] = str(folder / "cache")  # for spawned DDP workers
+    data.CACHE_DIR = str(folder / "cache")
+    return str(path)
+
+
+def test_tokenizer_is_gpt2_and_round_trips():
+    enc = data.get_tokenizer()
+    assert enc.n_vocab == 50257
+    assert enc.encode_ordinary("Hello world") == [15496, 995]  # GPT-2's ids
+    text = "To be, or not to be: that is the question.\n  Whether 'tis nobler…"
+    assert enc.decode(enc.encode_ordinary(text)) == text
+
+
+def test_prepare_writes_uint16_memmaps_that_decode_to_the_text(corpus):
+    folder = data.prepare(corpus)
+    train_ids, val_ids = data.load_split(folder, "train"), data.load_split(folder, "val")
+    assert train_ids.dtype == np.uint16 and len(val_ids) > 0
+    assert 0.08 < len(val_ids) / (len(train_ids) + len(val_ids)) < 0.12
+    enc = data.get_tokenizer()
+    full = enc.decode(train_ids.tolist() + val_ids.tolist())
+    assert full.replace("<|endoftext|>", "") == open(corpus).read()
+    assert data.prepare(corpus) == folder  # cached, not rebuilt
+    x, y = data.get_batch(train_ids, torch.tensor([0, 5]), 8)
+    assert x.shape == (2, 8) and torch.equal(x[:, 1:], y[:, :-1])
+
+
+def test_bad_data_path_is_one_line_error(tmp_path):
+    with pytest.raises(ValueError, match="no such file"):
+        data.prepare(str(tmp_path / "missing.txt"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match="no .txt files"):
+        data.prepare(str(tmp_path / "empty"))
+
+
+@pytest.mark.parametrize("kw", [dict(pattern="A"), dict(pattern="A", n_kv_head=1), dict(pattern="A", rope="nope"),
+                                dict(pattern="A", tie_embeddings=True)])
+def test_model_forward_backward_shapes(kw):
+    cfg = Config(n_layer=2, n_head=4, n_embd=64, block_size=16, vocab_size=100, **kw)
+    m = GPT(cfg)
+    idx = torch.randint(0, 100, (3, 11))
+    logits, loss = m(idx, idx)
+    assert logits.shape == (3, 11, 100) and loss.ndim == 0
+    loss.backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@pytest.mark.parametrize("kw", [dict(pattern="A"), dict(pattern="A", n_kv_head=2)])
+def test_cached_decoding_equals_full_forward(kw):
+    m = GPT(Config(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=100, **kw)).eval()
+    idx = torch.randint(0, 100, (2, 13))
+    full, _ = m(idx)
+    caches = [dict() for _ in m.blocks]
+    prefill, _ = m(idx[:, :5], caches=caches)                     # a prompt, then one token at a time
+    steps = [prefill] + [m(idx[:, t:t + 1], caches=caches)[0] for t in range(5, 13)]
+    torch.testing.assert_close(torch.cat(steps, dim=1), full, atol=1e-5, rtol=1e-5)
+    caches = [dict() for _ in m.blocks]
+    m(idx[:, :5], caches=caches)
+    two, _ = m(idx[:, 5:9], caches=caches)                        # a multi-token chunk after a cache
+    torch.testing.assert_close(two, full[:, 5:9], atol=1e-5, rtol=1e-5)
+    out = m.generate(idx[:, :4], 6, temperature=0)
+    assert out.shape == (2, 10) and torch.equal(out[:, :4], idx[:, :4])
+
+
+def test_max_logit_is_recorded_per_head():
+    m = GPT(Config(n_layer=1, n_head=4, n_embd=64, block_size=16, vocab_size=100))
+    attn = m.attention_layers()[0]
+    attn.record_max_logit = True
+    idx = torch.randint(0, 100, (2, 9))
+    m(idx)
+    x = m.blocks[0].norm1(m.wte(idx))
+    q = attn.q_proj(x).view(2, 9, 4, 16).transpose(1, 2)
+    k = attn.k_proj(x).view(2, 9, 4, 16).transpose(1, 2)
+    from model import apply_rope
+    q, k = apply_rope(q, 0, 1e4), apply_rope(k, 0, 1e4)
+    logits = (q @ k.transpose(-1, -2)) / 4.0
+    logits = logits.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), -1e9)
+    torch.testing.assert_close(attn.max_logit, logits.amax(dim=(0, 2, 3)), atol=1e-5, rtol=1e-5)
+
+
+def test_config_errors_are_one_line_and_list_valid_keys():
+    with pytest.raises(SystemExit, match="unknown config key.*valid keys:.*n_layer"):
+        train.make_config({"n_layyer": "3"}, cuda=False)
+    with pytest.raises(SystemExit, match="not a valid int"):
+        train.make_config({"n_layer": "three"}, cuda=False)
+    with pytest.raises(SystemExit, match="pattern"):
+        train.make_config({"pattern": "KXA"}, cuda=False)
+    cfg = train.make_config({"n_layer": "3", "lr": "0.01", "resume": ""}, cuda=False)
+    assert cfg.model.n_layer == 3 and cfg.lr == 0.01 and cfg.resume is True
+
+
+def test_lr_schedules():
+    cfg = train.make_config({"lr": 1.0, "warmup_iters": 10, "max_iters": 100, "min_lr_ratio": 0.1}, cuda=False)
+    assert train.lr_at(0, cfg) == pytest.approx(0.1) and train.lr_at(9, cfg) == pytest.approx(1.0)
+    assert train.lr_at(100, cfg) == pytest.approx(0.1)
+    wsd = train.make_config({"lr": 1.0, "warmup_iters": 10, "max_iters": 100, "schedule": "wsd"}, cuda=False)
+    assert train.lr_at(50, wsd) == 1.0 and train.lr_at(90, wsd) == pytest.approx(0.55)
+
+
+def test_training_loss_falls_and_writes_outputs(corpus, tmp_path):
+    out = train.train(**dict(TINY, data=corpus, max_iters=40, out_dir=str(tmp_path), eval_interval=40, lr=1e-2))
+    losses = [h["train_loss"] for h in out["history"]]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 2.0
+    assert out["final_val_loss"] < np.log(50304) - 2.0  # ln(V) is the loss of a uniform guess
+    for name in ("ckpt.pt", "log.jsonl", "loss.png"):
+        assert (tmp_path / name).exists()
+
+
+def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
+    kw = dict(TINY, data=corpus, max_iters=12, ckpt_interval=3)
+    train.train(**kw, out_dir=str(tmp_path / "straight"))
+    train.train(**kw, out_dir=str(tmp_path / "split"), stop_iter=6)
+    train.train(**kw, out_dir=str(tmp_path / "split"), resume=True)
+    a = torch.load(tmp_path / "straight" / "ckpt.pt", weights_only=True)
+    b = torch.load(tmp_path / "split" / "ckpt.pt", weights_only=True)
+    assert a["step"] == b["step"] == 12
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+
+
+def test_bad_checkpoints_are_rejected(corpus, tmp_path):
+    kw = dict(TINY, data=corpus, max_iters=2, out_dir=str(tmp_path))
+    with pytest.raises(SystemExit, match="no checkpoint"):
+        train.train(**kw, resume=True)
+    train.train(**kw)
+    with pytest.raises(SystemExit, match="different model config"):
+        train.train(**dict(kw, n_embd=64, resume=True, max_iters=4))
+    (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(SystemExit, match="corrupt"):
+        train.train(**dict(kw, resume=True, max_iters=4))
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
+    kw = dict(TINY, data=corpus, max_iters=10, ckpt_interval=4, out_dir=str(tmp_path))
+    calls = {"n": 0}
+    real_forward = GPT.forward
+
+    def poisoned(self, *a, **k):  # from the 13th micro-step (step 7) on, the loss is NaN
+        logits, loss = real_forward(self, *a, **k)
+        if self.training:
+            calls["n"] += 1
+            if calls["n"] > 12:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", poisoned)
+    with pytest.raises(train.TrainingDiverged, match="step 6.*last good checkpoint"):
+        train.train(**kw)
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    assert ckpt["step"] == 4 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
+
+
+def _ddp_worker(rank, world, port, kw, queue):
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    out = train.train(**kw)
+    if rank == 0:
+        queue.put([h["train_loss"] for h in out["history"]])
+
+
+def test_ddp_two_processes_match_single_process(corpus, tmp_path):
+    kw = dict(TINY, data=corpus, max_iters=5, grad_accum=2)
+    single = train.train(**kw, out_dir=str(tmp_path / "single"))
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = 29500 + os.getpid() % 1000
+    procs = [ctx.Process(target=_ddp_worker, args=(r, 2, port, dict(kw, out_dir=str(tmp_path / "ddp")), queue))
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    ddp_losses = queue.get(timeout=300)
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    np.testing.assert_allclose(ddp_losses, [h["train_loss"] for h in single["history"]], rtol=1e-4)
+    a = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)["model"]
+    b = torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=True)["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
