@@ -1,0 +1,80 @@
+"""Triton per-head max attention logit for QK-Clip, without materialising the T x T logits.
+
+S_max[b, h] = max over causal pairs j <= i of scale · q[b, h, i] · k[b, h // group, j]
+
+Each program owns one tile of BLOCK_M queries of one (batch, head): it walks the key tiles up to the
+diagonal (the causal bound), keeps a running per-row max in registers, and writes one float per tile;
+the wrapper takes the max over tiles. Memory is O(B·H·T/BLOCK_M) instead of O(B·H·T²), and the work
+is half of an attention forward's QKᵀ (no softmax, no V).
+
+float32 inputs use tl.dot(input_precision="ieee") so the result matches the float32 reference (QK-Clip
+compares it against τ; TF32's ~1e-3 error would move the clip). bf16/fp16 inputs multiply exactly and
+accumulate in float32. The kernel runs on CUDA and under the Triton interpreter (CPU tests).
+
+This file imports no concept file; muonclip.py calls `max_logit_triton` from `max_logit`.
+"""
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _max_logit_kernel(
+    Q, K, Out,                       # Q [B, H, T, Dh], K [B, Hkv, T, Dh], Out [B*H, n_tiles] float32
+    T, H, Dh, group, scale, n_tiles,
+    stride_qb, stride_qh, stride_qt, stride_qd,
+    stride_kb, stride_kh, stride_kt, stride_kd,
+    IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    kv_h = h // group  # GQA: `group` query heads share one key head
+    Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
+    K += b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
+                mask=(offs_m[:, None] < T) & (offs_d[None, :] < Dh), other=0.0)  # [BLOCK_M, BLOCK_D]
+    row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    # causal: the last query of this tile sees keys 0 .. its own index, so stop after that key tile
+    hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    for n0 in range(0, hi, BLOCK_N):
+        offs_n = n0 + tl.arange(0, BLOCK_N)
+        kt = tl.load(K + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
+                     mask=(offs_n[None, :] < T) & (offs_d[:, None] < Dh), other=0.0)  # [BLOCK_D, BLOCK_N]
+        if IEEE_FP32:
+            s = tl.dot(q, kt, input_precision="ieee")
+        else:
+            s = tl.dot(q, kt)
+        s = s * scale  # [BLOCK_M, BLOCK_N], float32
+        keep = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
+        s = tl.where(keep, s, float("-inf"))
+        row_max = tl.maximum(row_max, tl.max(s, axis=1))
+    row_max = tl.where(offs_m < T, row_max, float("-inf"))  # padded query rows do not count
+    tl.store(Out + bh * n_tiles + pid_m, tl.max(row_max, axis=0))
+
+
+def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-(batch, head) causal max of scale·q·kᵀ; q [B, H, T, Dh], k [B, Hkv, T, Dh] -> float32 [B, H].
+
+    Arguments are validated by the caller (muonclip.max_logit). No gradient flows (it is a statistic).
+    """
+    B, H, T, Dh = q.shape
+    Hkv = k.shape[1]
+    if q.is_cuda:
+        block_m, block_n, warps = 64, 64, 4
+    else:  # the interpreter: small tiles keep it quick
+        block_m, block_n, warps = 16, 32, 1
+    block_d = max(16, triton.next_power_of_2(Dh))
+    n_tiles = triton.cdiv(T, block_m)
+    out = torch.empty(B * H, n_tiles, device=q.device, dtype=torch.float32)
+    _max_logit_kernel[(n_tiles, B * H)](
+        q, k, out, T, H, Dh, H // Hkv, float(scale), n_tiles,
+        *q.stride(), *k.stride(),
+        IEEE_FP32=q.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        num_warps=warps,
+    )
+    return out.amax(dim=1).view(B, H)
