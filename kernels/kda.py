@@ -1,0 +1,611 @@
+"""Triton kernels for chunked Kimi Delta Attention (forward and backward), behind one autograd Function.
+
+Entry: `chunk_kda_triton(q, k, v, g, beta, scale, initial_state, output_final_state) -> (o, final_state)`
+with q, k, g [B, T, H, K], v [B, T, H, V], beta [B, T, H], state [B, H, K, V] float32. Per token:
+
+    S <- Diag(exp g_t) S;   S <- S + beta_t k_t (v_t - S^T k_t)^T;   o_t = S^T (scale q_t)
+
+Chunk form (C = 64 tokens, G = cumulative log decay inside the chunk, S0 the state entering the chunk):
+
+    L[i,j]   = beta_i sum_d k_i[d] k_j[d] exp(G_i[d] - G_j[d])        j < i   (UT transform matrix)
+    X        = (I + L)^-1,   W = X (beta * k * exp(G)),   U = X (beta * v)
+    Vn       = U - W S0                                               (pseudo-values, "v_new")
+    O        = (scale q * exp(G)) S0 + Aqk Vn,   Aqk[i,j] = scale sum_d q_i k_j exp(G_i - G_j), j <= i
+    S_next   = exp(G_last) * S0 + (k * exp(G_last - G))^T Vn
+
+Forward kernels (one launch each):
+    1. _cumsum_fwd     G = chunk-local cumsum of g, float32, into a buffer padded to whole chunks
+                       (padded rows repeat G_last, so every exp() below still sees an argument <= 0)
+    2. _intra_fwd      Aqk and L/beta (Akk) per chunk, one 16-row sub-chunk at a time: the earlier columns
+                       with one tl.dot anchored at the sub-chunk's first row n (exp(G_i - G_n) * exp(G_n - G_j),
+                       both <= 1); the diagonal 16x16 block exactly, one exp per (i, j, d) with i >= j
+    3. _solve_wy_fwd   X by forward substitution on the four 16x16 diagonal blocks + block elimination;
+                       then W, U and the decayed keys Kd = k exp(G_last - G) (and Qg = scale q exp(G) when
+                       recomputing for the backward)
+    4. _state_fwd      sequential over chunks: store S0 of every chunk, Vn, the final state
+    5. _output_fwd     O, parallel over chunks
+Backward: recompute 1-4, then
+    6. _state_bwd      reverse sweep: dS per chunk, dVn = Aqk^T dO + Kd dS, dh0
+    7. _chunk_bwd      per chunk: dv, dbeta, the inter-chunk parts of dq, dk, dG, and the gradients of the
+                       intra-chunk matrices (dAqk, and dL through the inverse: dL = -X^T dX X^T)
+    8. _intra_bwd      dAqk, dL -> dq, dk, dG with the same sub-chunk anchors; dg = reverse cumsum of dG
+
+Sizes: chunk 64, sub-chunk 16; any T (the last chunk is masked); K <= 128 (the state kernels hold all of
+K in registers), V <= 256 (tiled). Inputs bf16, fp16 or fp32; g and beta may have their own float dtype.
+Precision: the state, decays, solve and all accumulators are float32, and tl.dot always gets float32
+operands. On a GPU it runs input_precision="tf32" for bf16/fp16 inputs (the speed path) and "tf32x3"
+(about float32 accuracy) for float32 inputs and for the products around the triangular inverse. On CPU the
+kernels run under the Triton interpreter (TRITON_INTERPRET=1), in float32 numpy with exact products.
+Tests: tests/test_kda_triton.py. Design after fla's chunk_kda; Kimi Linear is arXiv 2510.26692.
+"""
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+CHUNK = 64      # tokens per chunk
+SUB = 16        # rows per sub-chunk (the anchor span)
+MAX_K = 128
+MAX_V = 256
+
+
+# -----------------------------------------------------------------------------------------------------
+# forward kernels
+
+@triton.jit
+def _cumsum_fwd(g, gc, T, Tp, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    rows = i_t * BT + tl.arange(0, BT)
+    cols = tl.arange(0, BK)
+    m = (rows[:, None] < T) & (cols[None, :] < K)
+    x = tl.load(g + (i_b * T + rows[:, None]) * H * K + i_h * K + cols[None, :], mask=m, other=0.0)
+    # padded rows load g = 0, so their cumulative decay repeats the last real row's
+    G = tl.cumsum(x.to(tl.float32), axis=0)
+    tl.store(gc + (i_bh * Tp + rows[:, None]) * K + cols[None, :], G, mask=cols[None, :] < K)
+
+
+@triton.jit
+def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, BKD: tl.constexpr, PREC: tl.constexpr):
+    """Aqk [BT, BT] (j <= i, scale included) and Akk [BT, BT] (j < i, without beta) of one chunk, one
+    16-row block r at a time: its diagonal block exactly, all earlier columns with one tl.dot."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    t0 = i_t * BT
+    o_c = tl.arange(0, BC)
+    o_t = tl.arange(0, BT)
+    o_d = tl.arange(0, BKD)
+    x_base = i_b * T * H * K + i_h * K      # q, k: [B, T, H, K]
+    g_base = i_bh * Tp * K                  # gc: [B*H, Tp, K]
+    a_base = i_bh * Tp * BT                 # Aqk, Akk: [B*H, Tp, BT]
+    causal = (o_c[:, None] >= o_c[None, :])[:, :, None]
+    rows_all = t0 + o_t
+    for r in tl.static_range(NC):
+        rows_r = t0 + r * BC + o_c
+        before = (o_t < r * BC)[:, None]    # key rows j in earlier sub-chunks
+        off_q = tl.zeros([BC, BT], dtype=tl.float32)
+        off_k = tl.zeros([BC, BT], dtype=tl.float32)
+        dia_q = tl.zeros([BC, BC], dtype=tl.float32)
+        dia_k = tl.zeros([BC, BC], dtype=tl.float32)
+        for k0 in range(0, K, BKD):
+            cols = k0 + o_d
+            mc = cols[None, :] < K
+            q_r = tl.load(q + x_base + rows_r[:, None] * H * K + cols[None, :],
+                          mask=(rows_r[:, None] < T) & mc, other=0.0).to(tl.float32)
+            k_r = tl.load(k + x_base + rows_r[:, None] * H * K + cols[None, :],
+                          mask=(rows_r[:, None] < T) & mc, other=0.0).to(tl.float32)
+            g_r = tl.load(gc + g_base + rows_r[:, None] * K + cols[None, :], mask=mc, other=0.0)
+            # the diagonal block, exactly per (i, j, d): the exponent is only taken where i >= j, so <= 0
+            diff = g_r[:, None, :] - g_r[None, :, :]
+            e = tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)
+            dia_q += tl.sum(q_r[:, None, :] * k_r[None, :, :] * e, axis=2)
+            dia_k += tl.sum(k_r[:, None, :] * k_r[None, :, :] * e, axis=2)
+            if r > 0:
+                # earlier sub-chunks, anchored at this block's first row n: e^(G_i-G_n) e^(G_n-G_j), both <= 1
+                g_n = tl.load(gc + g_base + (t0 + r * BC) * K + cols, mask=cols < K, other=0.0)
+                k_all = tl.load(k + x_base + rows_all[:, None] * H * K + cols[None, :],
+                                mask=(rows_all[:, None] < T) & mc, other=0.0).to(tl.float32)
+                g_all = tl.load(gc + g_base + rows_all[:, None] * K + cols[None, :], mask=mc, other=0.0)
+                k_n = tl.where(before, k_all * tl.exp(tl.where(before, g_n[None, :] - g_all, 0.0)), 0.0)
+                e_r = tl.exp(g_r - g_n[None, :])
+                off_q += tl.dot(q_r * e_r, tl.trans(k_n), input_precision=PREC)
+                off_k += tl.dot(k_r * e_r, tl.trans(k_n), input_precision=PREC)
+        dia_k = tl.where(o_c[:, None] > o_c[None, :], dia_k, 0.0)
+        # two disjoint stores: the row block without its diagonal block (zeros after it, so later kernels
+        # can load whole 64x64 tiles), then the diagonal block
+        not_dia = ((o_t < r * BC) | (o_t >= (r + 1) * BC))[None, :]
+        row_ptr = a_base + rows_r[:, None] * BT
+        tl.store(Aqk + row_ptr + o_t[None, :], off_q * scale, mask=not_dia)
+        tl.store(Akk + row_ptr + o_t[None, :], off_k, mask=not_dia)
+        tl.store(Aqk + row_ptr + r * BC + o_c[None, :], dia_q * scale)
+        tl.store(Akk + row_ptr + r * BC + o_c[None, :], dia_k)
+
+
+@triton.jit
+def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
+                  V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr,
+                  STORE_QG: tl.constexpr, PREC: tl.constexpr, PREC_HI: tl.constexpr):
+    """X = (I + Diag(beta) Akk)^-1 of one chunk; W = X (beta k exp(G)), U = X (beta v); the decayed keys
+    Kd = k exp(G_last - G) the state update needs, and (for the backward) Qg = scale q exp(G)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    t0 = i_t * BT
+    o_t = tl.arange(0, BT)
+    o_c = tl.arange(0, BC)
+    a_base = i_bh * Tp * BT
+    # the NC diagonal blocks side by side, [NC, BC, BC], each row scaled by its beta
+    o_n = tl.arange(0, NC)
+    rows3 = t0 + o_n[:, None, None] * BC + o_c[None, :, None]
+    b3 = tl.load(beta + (i_b * T + rows3) * H + i_h, mask=rows3 < T, other=0.0).to(tl.float32)
+    A = -tl.load(Akk + a_base + rows3 * BT + o_n[:, None, None] * BC + o_c[None, None, :]) * b3
+    # (I + L_d)^-1 of every diagonal block by forward substitution: row i from the finished rows above it
+    is_row = o_c[None, :, None]
+    for i in range(1, BC):
+        row = tl.sum(tl.where(is_row == i, A, 0.0), axis=1)            # [NC, BC]: row i of each block
+        upd = tl.sum(row[:, :, None] * A, axis=1)
+        A = tl.where(is_row == i, (row + upd)[:, None, :], A)
+    inv3 = A + tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
+    Xf = tl.zeros([BT, BT], dtype=tl.float32)
+    for r in tl.static_range(NC):
+        rows_r = t0 + r * BC + o_c
+        b_r = tl.load(beta + (i_b * T + rows_r) * H + i_h, mask=rows_r < T, other=0.0).to(tl.float32)
+        L_r = tl.load(Akk + a_base + rows_r[:, None] * BT + o_t[None, :]) * b_r[:, None]     # [BC, BT]
+        inv_d = tl.sum(tl.where(o_n[:, None, None] == r, inv3, 0.0), axis=0)
+        # block row r of X: (I + L_d)^-1 (E_r - sum_{m<r} L_rm X_m); rows of Xf at or below r are still 0
+        E_r = tl.where(o_t[None, :] == (r * BC + o_c)[:, None], 1.0, 0.0)                   # [BC, BT]
+        rhs = E_r - tl.dot(L_r, Xf, input_precision=PREC_HI)
+        X_r = tl.dot(inv_d, rhs, input_precision=PREC_HI)
+        place = tl.where(o_t[:, None] == (r * BC + o_c)[None, :], 1.0, 0.0)                 # [BT, BC]
+        Xf += tl.dot(place, X_r, input_precision=PREC_HI)
+    tl.store(X + a_base + (t0 + o_t[:, None]) * BT + o_t[None, :], Xf)
+
+    rows = t0 + o_t
+    mt = rows < T
+    b = tl.load(beta + (i_b * T + rows) * H + i_h, mask=mt, other=0.0).to(tl.float32)
+    for k0 in range(0, K, BKS):
+        o_k = k0 + tl.arange(0, BKS)
+        mk = o_k[None, :] < K
+        x_off = (i_b * T + rows[:, None]) * H * K + i_h * K + o_k[None, :]
+        kk = tl.load(k + x_off, mask=mt[:, None] & mk, other=0.0).to(tl.float32)
+        b_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
+        G = tl.load(gc + b_off, mask=mk, other=0.0)
+        g_last = tl.load(gc + (i_bh * Tp + t0 + BT - 1) * K + o_k, mask=o_k < K, other=0.0)
+        w = tl.dot(Xf, kk * tl.exp(G) * b[:, None], input_precision=PREC)
+        tl.store(W + b_off, w, mask=mk)
+        tl.store(Kd + b_off, kk * tl.exp(g_last[None, :] - G), mask=mk)   # decay to the chunk's end: <= 1
+        if STORE_QG:
+            qq = tl.load(q + x_off, mask=mt[:, None] & mk, other=0.0).to(tl.float32)
+            tl.store(Qg + b_off, qq * tl.exp(G) * scale, mask=mk)
+    for v0 in range(0, V, BV):
+        o_v = v0 + tl.arange(0, BV)
+        mv = o_v[None, :] < V
+        vv = tl.load(v + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
+                     mask=mt[:, None] & mv, other=0.0).to(tl.float32)
+        u = tl.dot(Xf, vv * b[:, None], input_precision=PREC)
+        tl.store(U + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], u, mask=mv)
+
+
+@triton.jit
+def _state_fwd(Kd, gc, W, U, h, vn, h0, ht, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+    """Walk the chunks in order for one (batch*head, V tile): h[n] = state entering chunk n, Vn, final state."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    mk = o_k < K
+    mv = o_v < V
+    m_kv = mk[:, None] & mv[None, :]
+    s_off = o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        S = tl.load(h0 + i_bh * K * V + s_off, mask=m_kv, other=0.0).to(tl.float32)
+    for n in range(NT):
+        tl.store(h + (i_bh * NT + n) * K * V + s_off, S, mask=m_kv)
+        rows = n * BT + o_t
+        w = tl.load(W + (i_bh * Tp + rows[:, None]) * K + o_k[None, :], mask=mk[None, :], other=0.0)
+        u = tl.load(U + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv[None, :], other=0.0)
+        v_new = u - tl.dot(w, S, input_precision=PREC)
+        tl.store(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], v_new, mask=mv[None, :])
+        k_dec = tl.load(Kd + (i_bh * Tp + rows[:, None]) * K + o_k[None, :], mask=mk[None, :], other=0.0)
+        g_last = tl.load(gc + (i_bh * Tp + n * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
+        S = S * tl.exp(g_last)[:, None] + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+    if STORE_HT:
+        tl.store(ht + i_bh * K * V + s_off, S, mask=m_kv)
+
+
+@triton.jit
+def _output_fwd(q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+    """O = (scale q exp(G)) h[n] + Aqk Vn for one chunk and V tile."""
+    i_t, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    rows = i_t * BT + o_t
+    mk = o_k < K
+    mv = o_v < V
+    mt = rows < T
+    qq = tl.load(q + (i_b * T + rows[:, None]) * H * K + i_h * K + o_k[None, :],
+                 mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+    G = tl.load(gc + (i_bh * Tp + rows[:, None]) * K + o_k[None, :], mask=mk[None, :], other=0.0)
+    S = tl.load(h + (i_bh * NT + i_t) * K * V + o_k[:, None] * V + o_v[None, :],
+                mask=mk[:, None] & mv[None, :], other=0.0)
+    A = tl.load(Aqk + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
+    v_new = tl.load(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv[None, :], other=0.0)
+    out = tl.dot(qq * tl.exp(G) * scale, S, input_precision=PREC) + tl.dot(A, v_new, input_precision=PREC)
+    tl.store(o + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :], out.to(o.dtype.element_ty),
+             mask=mt[:, None] & mv[None, :])
+
+
+# -----------------------------------------------------------------------------------------------------
+# backward kernels
+
+@triton.jit
+def _state_bwd(Qg, Kd, gc, W, Aqk, do, dh, dvn, dht, dh0, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
+               V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+               HAS_DHT: tl.constexpr, PREC: tl.constexpr):
+    """Reverse sweep: dh[n] = dLoss/d(state leaving chunk n); dVn; dh0 = dLoss/d(initial state)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    o_t = tl.arange(0, BT)
+    mk = o_k < K
+    mv = o_v < V
+    m_kv = mk[:, None] & mv[None, :]
+    s_off = o_k[:, None] * V + o_v[None, :]
+    dS = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        dS = tl.load(dht + i_bh * K * V + s_off, mask=m_kv, other=0.0).to(tl.float32)
+    for i in range(NT):
+        n = NT - 1 - i
+        tl.store(dh + (i_bh * NT + n) * K * V + s_off, dS, mask=m_kv)
+        rows = n * BT + o_t
+        mt = rows < T
+        d_o = tl.load(do + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
+                      mask=mt[:, None] & mv[None, :], other=0.0).to(tl.float32)
+        A = tl.load(Aqk + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
+        x_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
+        k_dec = tl.load(Kd + x_off, mask=mk[None, :], other=0.0)
+        g_last = tl.load(gc + (i_bh * Tp + n * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
+        dv_new = tl.dot(tl.trans(A), d_o, input_precision=PREC) + tl.dot(k_dec, dS, input_precision=PREC)
+        tl.store(dvn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], dv_new, mask=mv[None, :])
+        q_g = tl.load(Qg + x_off, mask=mk[None, :], other=0.0)
+        dS = dS * tl.exp(g_last)[:, None] + tl.dot(tl.trans(q_g), d_o, input_precision=PREC)
+        w = tl.load(W + x_off, mask=mk[None, :], other=0.0)
+        dS -= tl.dot(tl.trans(w), dv_new, input_precision=PREC)
+    tl.store(dh0 + i_bh * K * V + s_off, dS, mask=m_kv)
+
+
+@triton.jit
+def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, dv, dbeta, Pq, Pk,
+               scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+               BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PREC_HI: tl.constexpr):
+    """Everything of one chunk's backward except the intra-chunk exp(G_i - G_j) kernels (see _intra_bwd)."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = tl.arange(0, BT)
+    rows = i_t * BT + o_t
+    mt = rows < T
+    b = tl.load(beta + (i_b * T + rows) * H + i_h, mask=mt, other=0.0).to(tl.float32)
+    Xf = tl.load(X + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
+    h_base = (i_bh * NT + i_t) * K * V
+    a_off = (i_bh * Tp + rows[:, None]) * BT + o_t[None, :]
+    # pass 1 over V: dLoss/dAqk, the U = X (beta v) part of dLoss/dX, dv, and beta's share through U
+    dA = tl.zeros([BT, BT], dtype=tl.float32)
+    dX = tl.zeros([BT, BT], dtype=tl.float32)
+    db = tl.zeros([BT], dtype=tl.float32)
+    for v0 in range(0, V, BV):
+        o_v = v0 + tl.arange(0, BV)
+        mv = o_v[None, :] < V
+        m_tv = mt[:, None] & mv
+        v_new = tl.load(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv, other=0.0)
+        dv_new = tl.load(dvn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv, other=0.0)
+        d_o = tl.load(do + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
+                      mask=m_tv, other=0.0).to(tl.float32)
+        vv = tl.load(v + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
+                     mask=m_tv, other=0.0).to(tl.float32)
+        dA += tl.dot(d_o, tl.trans(v_new), input_precision=PREC)
+        dX += tl.dot(dv_new, tl.trans(vv * b[:, None]), input_precision=PREC)
+        t_v = tl.dot(tl.trans(Xf), dv_new, input_precision=PREC)          # dLoss/d(beta v)
+        tl.store(dv + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
+                 (t_v * b[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+        db += tl.sum(t_v * vv, axis=1)
+    tl.store(Pq + a_off, tl.where(o_t[:, None] >= o_t[None, :], dA * scale, 0.0))
+    # pass 2, one key slice at a time (keeps three [BT, BKS] accumulators in registers, not [BT, K])
+    for k0 in range(0, K, BKS):
+        o_k = k0 + tl.arange(0, BKS)
+        mk = o_k < K
+        dqg = tl.zeros([BT, BKS], dtype=tl.float32)      # dLoss/d(scale q exp(G))
+        dkd = tl.zeros([BT, BKS], dtype=tl.float32)      # dLoss/dKd
+        dw = tl.zeros([BT, BKS], dtype=tl.float32)       # dLoss/dW
+        dgl = tl.zeros([BKS], dtype=tl.float32)          # sum_v h * dh: the state decay exp(G_last)
+        for v0 in range(0, V, BV):
+            o_v = v0 + tl.arange(0, BV)
+            mv = o_v[None, :] < V
+            m_kv = mk[:, None] & mv
+            S = tl.load(h + h_base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+            dS = tl.load(dh + h_base + o_k[:, None] * V + o_v[None, :], mask=m_kv, other=0.0)
+            v_new = tl.load(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv, other=0.0)
+            dv_new = tl.load(dvn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv, other=0.0)
+            d_o = tl.load(do + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
+                          mask=mt[:, None] & mv, other=0.0).to(tl.float32)
+            dqg += tl.dot(d_o, tl.trans(S), input_precision=PREC)
+            dkd += tl.dot(v_new, tl.trans(dS), input_precision=PREC)
+            dw -= tl.dot(dv_new, tl.trans(S), input_precision=PREC)
+            dgl += tl.sum(S * dS, axis=1)
+        x_off = (i_b * T + rows[:, None]) * H * K + i_h * K + o_k[None, :]
+        b_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
+        qq = tl.load(q + x_off, mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        kk = tl.load(k + x_off, mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
+        G = tl.load(gc + b_off, mask=mk[None, :], other=0.0)
+        k_dec = tl.load(Kd + b_off, mask=mk[None, :], other=0.0)
+        g_last = tl.load(gc + (i_bh * Tp + i_t * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
+        e_g = tl.exp(G)
+        dq = dqg * e_g * scale
+        kg_b = kk * e_g * b[:, None]                   # the rows W is built from
+        dX += tl.dot(dw, tl.trans(kg_b), input_precision=PREC)
+        t_w = tl.dot(tl.trans(Xf), dw, input_precision=PREC)              # dLoss/d(beta k exp(G))
+        dk = dkd * tl.exp(g_last[None, :] - G) + t_w * e_g * b[:, None]
+        db += tl.sum(t_w * kk * e_g, axis=1)
+        kd_dkd = k_dec * dkd
+        dG = qq * dq - kd_dkd + kg_b * t_w
+        # G_last scales the carried state and every Kd row; its gradient joins the chunk's last row, from
+        # where the reverse cumsum in _intra_bwd hands it to every token of the chunk
+        dg_last = dgl * tl.exp(g_last) + tl.sum(kd_dkd, axis=0)
+        dG = tl.where(o_t[:, None] == BT - 1, dG + dg_last[None, :], dG)
+        tl.store(dq_p + b_off, dq, mask=mk[None, :])
+        tl.store(dk_p + b_off, dk, mask=mk[None, :])
+        tl.store(dg_p + b_off, dG, mask=mk[None, :])
+    # through the inverse: X = (I + L)^-1 => dL = -X^T dX X^T, kept strictly below the diagonal
+    dL = -tl.dot(tl.dot(tl.trans(Xf), dX, input_precision=PREC_HI), tl.trans(Xf), input_precision=PREC_HI)
+    dL = tl.where(o_t[:, None] > o_t[None, :], dL, 0.0)
+    Kk = tl.load(Akk + a_off)
+    db += tl.sum(dL * Kk, axis=1)
+    tl.store(Pk + a_off, dL * b[:, None])
+    tl.store(dbeta + (i_b * T + rows) * H + i_h, db.to(dbeta.dtype.element_ty), mask=mt)
+
+
+@triton.jit
+def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.constexpr, K: tl.constexpr,
+               BT: tl.constexpr, BC: tl.constexpr, BKD: tl.constexpr, PREC: tl.constexpr):
+    """Gradients through Aqk[i,j] = sum_d q_i k_j e^(G_i - G_j) and Akk (same with k_i) for one chunk and
+    key slice, then the finished dq, dk and dg = reverse cumsum of dG inside the chunk.
+    Pq = scale * dAqk (j <= i) and Pk = beta_i * dL (j < i) come from _chunk_bwd. For each 16-row block s:
+    as the row i it meets the earlier columns (one tl.dot, anchored at its first row), as the column j the
+    later rows (one tl.dot, anchored at its last row), and itself exactly."""
+    i_t, i_kd, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    NC: tl.constexpr = BT // BC
+    t0 = i_t * BT
+    o_c = tl.arange(0, BC)
+    o_t = tl.arange(0, BT)
+    cols = i_kd * BKD + tl.arange(0, BKD)
+    mc = cols[None, :] < K
+    x_base = i_b * T * H * K + i_h * K
+    g_base = i_bh * Tp * K
+    a_base = i_bh * Tp * BT
+    causal = (o_c[:, None] >= o_c[None, :])[:, :, None]
+    rows_all = t0 + o_t
+    m_all = (rows_all[:, None] < T) & mc
+    q_all = tl.load(q + x_base + rows_all[:, None] * H * K + cols[None, :], mask=m_all, other=0.0).to(tl.float32)
+    k_all = tl.load(k + x_base + rows_all[:, None] * H * K + cols[None, :], mask=m_all, other=0.0).to(tl.float32)
+    g_all = tl.load(gc + g_base + rows_all[:, None] * K + cols[None, :], mask=mc, other=0.0)
+    carry = tl.zeros([BKD], dtype=tl.float32)      # sum of dG over the later sub-chunks of this chunk
+    for s in tl.static_range(NC - 1, -1, -1):     # last sub-chunk first, for the reverse cumsum
+        rows_s = t0 + s * BC + o_c
+        ms = (rows_s[:, None] < T) & mc
+        q_s = tl.load(q + x_base + rows_s[:, None] * H * K + cols[None, :], mask=ms, other=0.0).to(tl.float32)
+        k_s = tl.load(k + x_base + rows_s[:, None] * H * K + cols[None, :], mask=ms, other=0.0).to(tl.float32)
+        g_s = tl.load(gc + g_base + rows_s[:, None] * K + cols[None, :], mask=mc, other=0.0)
+        # the diagonal block, exactly per (i, j, d)
+        p_q = tl.load(Pq + a_base + rows_s[:, None] * BT + s * BC + o_c[None, :])
+        p_k = tl.load(Pk + a_base + rows_s[:, None] * BT + s * BC + o_c[None, :])
+        diff = g_s[:, None, :] - g_s[None, :, :]
+        e = tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)   # [i, j, d]
+        rq = tl.sum(p_q[:, :, None] * k_s[None, :, :] * e, axis=1)      # block s as the row i (query side)
+        rk = tl.sum(p_k[:, :, None] * k_s[None, :, :] * e, axis=1)
+        cq = tl.sum(p_q[:, :, None] * q_s[:, None, :] * e, axis=0)      # block s as the column j (key side)
+        ck = tl.sum(p_k[:, :, None] * k_s[:, None, :] * e, axis=0)
+        if s > 0:
+            # earlier columns j, anchored at this block's first row n: e^(G_i-G_n) e^(G_n-G_j), both <= 1
+            g_n = tl.load(gc + g_base + (t0 + s * BC) * K + cols, mask=cols < K, other=0.0)
+            before = (o_t < s * BC)[:, None]
+            k_n = tl.where(before, k_all * tl.exp(tl.where(before, g_n[None, :] - g_all, 0.0)), 0.0)
+            p_q = tl.load(Pq + a_base + rows_s[:, None] * BT + o_t[None, :])              # [BC, BT]
+            p_k = tl.load(Pk + a_base + rows_s[:, None] * BT + o_t[None, :])
+            e_s = tl.exp(g_s - g_n[None, :])
+            rq += e_s * tl.dot(p_q, k_n, input_precision=PREC)
+            rk += e_s * tl.dot(p_k, k_n, input_precision=PREC)
+        if s < NC - 1:
+            # later rows i, anchored at this block's last row m: e^(G_i-G_m) e^(G_m-G_j), both <= 1
+            g_m = tl.load(gc + g_base + (t0 + s * BC + BC - 1) * K + cols, mask=cols < K, other=0.0)
+            after = (o_t >= (s + 1) * BC)[:, None]
+            e_after = tl.where(after, tl.exp(tl.where(after, g_all - g_m[None, :], 0.0)), 0.0)
+            p_q = tl.load(Pq + a_base + rows_all[:, None] * BT + s * BC + o_c[None, :])   # [BT, BC]
+            p_k = tl.load(Pk + a_base + rows_all[:, None] * BT + s * BC + o_c[None, :])
+            e_s = tl.exp(g_m[None, :] - g_s)
+            cq += e_s * tl.dot(tl.trans(p_q), q_all * e_after, input_precision=PREC)
+            ck += e_s * tl.dot(tl.trans(p_k), k_all * e_after, input_precision=PREC)
+        x_off = g_base + rows_s[:, None] * K + cols[None, :]
+        d_q = tl.load(dq_p + x_off, mask=mc, other=0.0) + rq
+        d_k = tl.load(dk_p + x_off, mask=mc, other=0.0) + rk + cq + ck
+        d_G = tl.load(dg_p + x_off, mask=mc, other=0.0) + q_s * rq + k_s * rk - k_s * (cq + ck)
+        # g_t enters every G_u with u >= t in its chunk
+        d_g = tl.cumsum(d_G, axis=0, reverse=True) + carry[None, :]
+        carry += tl.sum(d_G, axis=0)
+        out_off = x_base + rows_s[:, None] * H * K + cols[None, :]
+        tl.store(dq + out_off, d_q.to(dq.dtype.element_ty), mask=ms)
+        tl.store(dk + out_off, d_k.to(dk.dtype.element_ty), mask=ms)
+        tl.store(dg + out_off, d_g.to(dg.dtype.element_ty), mask=ms)
+
+
+# -----------------------------------------------------------------------------------------------------
+# host side
+
+def _settings(device, dtype, K, V):
+    """Block sizes, warps and dot precision. The interpreter runs each program as numpy code, so there
+    fewer and wider programs are faster. On a GPU the tiles are sized so that no kernel spills registers
+    at K = V = 128 on sm_90 (checked with the compiler, not yet timed on a device)."""
+    BK = max(16, triton.next_power_of_2(K))
+    bv_full = max(16, triton.next_power_of_2(V))
+    if device.type != "cuda":
+        one = dict(num_warps=1, num_stages=1)
+        return dict(BK=BK, BKS=BK, BKD=BK, BV=bv_full, BV_STATE=bv_full, BV_CHUNK=bv_full, PREC="ieee", PREC_HI="ieee",
+                    l_cumsum=one, l_intra=one, l_solve=one, l_state=one, l_state_bwd=one, l_out=one,
+                    l_chunk=one, l_intra_bwd=one)
+    # launch options per kernel (num_stages is explicit: the default of 3 would ask the state kernels
+    # for more shared memory than an H100/H200 SM has)
+    return dict(BK=BK, BKS=16, BKD=16, BV=min(64, bv_full), BV_STATE=min(32, bv_full), BV_CHUNK=min(32, bv_full),
+                PREC="tf32x3" if dtype == torch.float32 else "tf32", PREC_HI="tf32x3",
+                l_cumsum=dict(num_warps=4, num_stages=1), l_intra=dict(num_warps=4, num_stages=2),
+                l_solve=dict(num_warps=8, num_stages=1), l_state=dict(num_warps=8, num_stages=2),
+                l_state_bwd=dict(num_warps=8, num_stages=1), l_out=dict(num_warps=4, num_stages=2),
+                l_chunk=dict(num_warps=8, num_stages=1), l_intra_bwd=dict(num_warps=8, num_stages=1))
+
+
+def _forward(q, k, v, g, beta, scale, h0, output_final_state, for_backward=False):
+    """Run kernels 1-5 (1-4 when recomputing for the backward). Returns o, the final state and the
+    intermediates the backward needs."""
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    Tp, BH = NT * CHUNK, B * H
+    c = _settings(q.device, q.dtype, K, V)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    # internal buffers are [B*H, Tp, .] with T padded to whole chunks (Tp = NT * 64)
+    gc = torch.empty(BH, Tp, K, **f32)                  # chunk-local cumsum of g
+    Aqk = torch.empty(BH, Tp, CHUNK, **f32)
+    Akk = torch.empty(BH, Tp, CHUNK, **f32)
+    X = torch.empty(BH, Tp, CHUNK, **f32)
+    W = torch.empty(BH, Tp, K, **f32)
+    U = torch.empty(BH, Tp, V, **f32)
+    Kd = torch.empty(BH, Tp, K, **f32)
+    Qg = torch.empty(BH, Tp, K, **f32) if for_backward else Kd
+    h = torch.empty(BH, NT, K, V, **f32)                # state entering each chunk
+    vn = torch.empty(BH, Tp, V, **f32)
+    ht = torch.empty(B, H, K, V, **f32) if output_final_state else None
+    _cumsum_fwd[(NT, BH)](g, gc, T, Tp, H, K, CHUNK, c["BK"], **c["l_cumsum"])
+    _intra_fwd[(NT, BH)](q, k, gc, Aqk, Akk, scale, T, Tp, H, K, CHUNK, SUB, c["BKD"], c["PREC"],
+                         **c["l_intra"])
+    _solve_wy_fwd[(NT, BH)](q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H, K, V, CHUNK, SUB,
+                            c["BKS"], c["BV_CHUNK"], for_backward, c["PREC"], c["PREC_HI"], **c["l_solve"])
+    _state_fwd[(triton.cdiv(V, c["BV_STATE"]), BH)](
+        Kd, gc, W, U, h, vn, h0 if h0 is not None else gc, ht if ht is not None else gc, T, Tp, NT, H, K, V,
+        CHUNK, c["BK"], c["BV_STATE"], h0 is not None, ht is not None, c["PREC"], **c["l_state"])
+    if for_backward:
+        return None, None, (gc, Aqk, Akk, X, W, Kd, Qg, h, vn)
+    o = torch.empty(B, T, H, V, device=q.device, dtype=v.dtype)
+    _output_fwd[(NT, triton.cdiv(V, c["BV"]), BH)](q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H, K, V, CHUNK,
+                                                  c["BK"], c["BV"], c["PREC"], **c["l_out"])
+    return o, ht, None
+
+
+def _backward(q, k, v, g, beta, scale, h0, do, dht):
+    B, T, H, K = q.shape
+    V = v.shape[-1]
+    NT = triton.cdiv(T, CHUNK)
+    Tp, BH = NT * CHUNK, B * H
+    c = _settings(q.device, q.dtype, K, V)
+    # recompute the forward intermediates instead of keeping them alive between forward and backward
+    _, _, (gc, Aqk, Akk, X, W, Kd, Qg, h, vn) = _forward(q, k, v, g, beta, scale, h0, False, for_backward=True)
+    f32 = dict(device=q.device, dtype=torch.float32)
+    dh = torch.empty(BH, NT, K, V, **f32)               # gradient of the state leaving each chunk
+    dvn = torch.empty(BH, Tp, V, **f32)
+    dh0 = torch.empty(B, H, K, V, **f32)
+    _state_bwd[(triton.cdiv(V, c["BV_STATE"]), BH)](
+        Qg, Kd, gc, W, Aqk, do, dh, dvn, dht if dht is not None else gc, dh0, T, Tp, NT, H, K, V, CHUNK,
+        c["BK"], c["BV_STATE"], dht is not None, c["PREC"], **c["l_state_bwd"])
+    dq_p, dk_p, dg_p = (torch.empty(BH, Tp, K, **f32) for _ in range(3))
+    Pq = torch.empty(BH, Tp, CHUNK, **f32)
+    Pk = torch.empty(BH, Tp, CHUNK, **f32)
+    dv = torch.empty_like(v)
+    dbeta = torch.empty_like(beta)
+    _chunk_bwd[(NT, BH)](q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, dv, dbeta, Pq, Pk,
+                         scale, T, Tp, NT, H, K, V, CHUNK, c["BKS"], c["BV_CHUNK"], c["PREC"], c["PREC_HI"],
+                         **c["l_chunk"])
+    dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g)
+    _intra_bwd[(NT, triton.cdiv(K, c["BKD"]), BH)](q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H, K,
+                                                    CHUNK, SUB, c["BKD"], c["PREC"], **c["l_intra_bwd"])
+    return dq, dk, dv, dg, dbeta, dh0
+
+
+def _on_device(x):
+    # Triton launches on the current CUDA device: make it the tensors' device (cuda:1 under DDP, say)
+    return torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext()
+
+
+class ChunkKDAFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, g, beta, scale, initial_state, output_final_state):
+        with _on_device(q):
+            o, ht, _ = _forward(q, k, v, g, beta, scale, initial_state, output_final_state)
+        ctx.save_for_backward(q, k, v, g, beta, initial_state)
+        ctx.scale = scale
+        return o, ht
+
+    @staticmethod
+    def backward(ctx, do, dht):
+        q, k, v, g, beta, h0 = ctx.saved_tensors
+        dht = dht.contiguous() if dht is not None else None
+        with _on_device(q):
+            dq, dk, dv, dg, dbeta, dh0 = _backward(q, k, v, g, beta, ctx.scale, h0, do.contiguous(), dht)
+        dh0 = dh0.to(h0.dtype) if h0 is not None else None
+        return dq, dk, dv, dg, dbeta, None, dh0, None
+
+
+def _check(q, k, v, g, beta, initial_state):
+    if not all(isinstance(x, torch.Tensor) for x in (q, k, v, g, beta)):
+        raise TypeError("chunk_kda_triton: q, k, v, g and beta must be tensors")
+    if q.dim() != 4:
+        raise ValueError(f"chunk_kda_triton: q must be [B, T, H, K], got shape {tuple(q.shape)}")
+    B, T, H, K = q.shape
+    if k.shape != q.shape or g.shape != q.shape:
+        raise ValueError(f"chunk_kda_triton: q, k, g must share one shape [B, T, H, K]; got q {tuple(q.shape)}, "
+                         f"k {tuple(k.shape)}, g {tuple(g.shape)}")
+    if v.dim() != 4 or tuple(v.shape[:3]) != (B, T, H):
+        raise ValueError(f"chunk_kda_triton: v must be [B, T, H, V] = [{B}, {T}, {H}, V], got {tuple(v.shape)}")
+    if tuple(beta.shape) != (B, T, H):
+        raise ValueError(f"chunk_kda_triton: beta must be [B, T, H] = [{B}, {T}, {H}], got {tuple(beta.shape)}")
+    V = v.shape[-1]
+    if T == 0 or B == 0 or H == 0 or K == 0 or V == 0:
+        raise ValueError(f"chunk_kda_triton: empty input (B, T, H, K, V) = ({B}, {T}, {H}, {K}, {V})")
+    if K > MAX_K or V > MAX_V:
+        raise ValueError(f"chunk_kda_triton: K = {K}, V = {V}; the Triton path supports K <= {MAX_K} and V <= {MAX_V}")
+    tensors = [q, k, v, g, beta] + ([initial_state] if initial_state is not None else [])
+    for name, x in zip(("q", "k", "v", "g", "beta", "initial_state"), tensors):
+        if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+            raise TypeError(f"chunk_kda_triton: {name} has dtype {x.dtype}; expected float16, bfloat16 or float32")
+        if x.device != q.device:
+            raise ValueError(f"chunk_kda_triton: {name} is on {x.device} but q is on {q.device}")
+    if q.dtype != k.dtype or q.dtype != v.dtype:
+        raise TypeError(f"chunk_kda_triton: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if initial_state is not None and tuple(initial_state.shape) != (B, H, K, V):
+        raise ValueError(f"chunk_kda_triton: initial_state must be [B, H, K, V] = [{B}, {H}, {K}, {V}], "
+                         f"got {tuple(initial_state.shape)}")
+    if q.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(f"chunk_kda_triton: tensors on {q.device} need CUDA, or TRITON_INTERPRET=1 set before "
+                         "triton is imported (the interpreter runs the kernels on CPU)")
+
+
+def chunk_kda_triton(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False):
+    """Chunked KDA with Triton kernels, differentiable in q, k, v, g, beta and initial_state.
+
+    q, k, g: [B, T, H, K] (g = log decay <= 0); v: [B, T, H, V]; beta: [B, T, H]; initial_state:
+    [B, H, K, V] or None. Returns (o [B, T, H, V] in v's dtype, final state [B, H, K, V] float32 or None).
+    """
+    _check(q, k, v, g, beta, initial_state)
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
+    if initial_state is not None:
+        initial_state = initial_state.contiguous()
+    return ChunkKDAFunction.apply(q, k, v, g, beta, scale, initial_state, bool(output_final_state))

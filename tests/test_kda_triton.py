@@ -1,0 +1,219 @@
+"""Tests for kernels/kda.py: the Triton chunked KDA (forward and backward) against kda.kda_recurrent_ref.
+
+On CPU the kernels run under the Triton interpreter in float32 (conftest sets TRITON_INTERPRET=1), so
+these tests check the algorithm and every index and mask; shapes stay small because the interpreter is
+slow. The `gpu` tests check the compiled kernels in bfloat16 and float32 against the float32 reference.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kernels.kda as kda_kernels
+from conftest import HAS_CUDA, assert_close
+from kda import kda_recurrent_ref
+from kernels.kda import MAX_K, MAX_V, chunk_kda_triton
+
+GRAD_NAMES = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_cpu_thread():
+    # tiny ops on a busy 2-core machine: extra intra-op threads only spin
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def make_inputs(B, T, H, K, V, with_state, gate_scale=1.0, device="cpu", dtype=torch.float32):
+    """Inputs as the layer produces them: unit-norm q, k; g = log-sigmoid (<= 0); beta in (0, 1)."""
+    q = F.normalize(torch.rand(B, T, H, K), dim=-1)
+    k = F.normalize(torch.rand(B, T, H, K), dim=-1)
+    v = torch.randn(B, T, H, V)
+    g = F.logsigmoid(torch.randn(B, T, H, K)) * gate_scale
+    beta = torch.rand(B, T, H).sigmoid()
+    leaves = [x.to(device=device, dtype=dtype).requires_grad_() for x in (q, k, v, g, beta)]
+    if with_state:
+        leaves.append(torch.randn(B, H, K, V, device=device).requires_grad_())
+    return leaves
+
+
+def run_with_grads(fn, inputs, do, dht, **kwargs):
+    q, k, v, g, beta, *h0 = inputs
+    o, ht = fn(q, k, v, g, beta, initial_state=h0[0] if h0 else None, output_final_state=True, **kwargs)
+    loss = (o.float() * do).sum() + (ht * dht).sum()
+    return o, ht, torch.autograd.grad(loss, inputs)
+
+
+def compare(inputs, do, dht, ratio_o, ratio_dqkv, ratio_dgb, scale=None):
+    o_ref, ht_ref, grads_ref = run_with_grads(kda_recurrent_ref, [x.float() for x in inputs], do, dht, scale=scale)
+    o, ht, grads = run_with_grads(chunk_kda_triton, inputs, do, dht, scale=scale)
+    assert o.dtype == inputs[2].dtype and ht.dtype == torch.float32
+    assert_close(o_ref, o, ratio_o, "o")
+    assert_close(ht_ref, ht, ratio_o, "final state")
+    T = inputs[0].shape[1]
+    for name, ref, out in zip(GRAD_NAMES, grads_ref, grads):
+        assert out.dtype == inputs[GRAD_NAMES.index(name)].dtype, name
+        if name == "dg" and T == 1 and len(inputs) == 5:
+            # g only decays the (zero) initial state: the exact gradient is 0, ours is rounding noise
+            assert ref.abs().max() < 1e-12 and out.abs().max() < 1e-5
+            continue
+        ratio = ratio_dgb if name in ("dg", "dbeta") else ratio_dqkv
+        assert_close(ref, out.float(), ratio, name)
+
+
+# (B, T, H, K, V, initial state): T around the chunk (64) and sub-chunk (16) edges, K != V, K and V
+# that are not powers of two (masked columns), B*H > 1
+CPU_CASES = [
+    (1, 1, 2, 32, 32, True),
+    (1, 1, 1, 32, 16, False),
+    (1, 63, 2, 32, 32, False),
+    (1, 64, 1, 32, 16, True),
+    (2, 100, 1, 32, 48, False),
+    (1, 257, 1, 32, 32, True),
+    (1, 70, 1, 20, 24, True),
+]
+
+
+@pytest.mark.parametrize("B,T,H,K,V,with_state", CPU_CASES)
+def test_forward_backward_match_recurrent_ref(B, T, H, K, V, with_state):
+    inputs = make_inputs(B, T, H, K, V, with_state)
+    do, dht = torch.randn(B, T, H, V), torch.randn(B, H, K, V)
+    compare(inputs, do, dht, 1e-4, 1e-4, 1e-4)
+
+
+def test_custom_scale_and_no_final_state():
+    inputs = make_inputs(1, 40, 1, 16, 16, with_state=True)
+    do, dht = torch.randn(1, 40, 1, 16), torch.randn(1, 1, 16, 16)
+    compare(inputs, do, dht, 1e-4, 1e-4, 1e-4, scale=0.37)
+    q, k, v, g, beta, h0 = inputs
+    o, ht = chunk_kda_triton(q, k, v, g, beta, None, h0, False)
+    assert ht is None
+    o.sum().backward()     # no gradient for the final state: still differentiable
+    assert torch.isfinite(h0.grad).all() and h0.grad.abs().sum() > 0
+
+
+def test_strong_decay_is_finite_and_exact():
+    # g down to -20 per step: exp of any positive exponent would overflow float32 within a chunk
+    B, T, H, K, V = 1, 150, 1, 32, 16
+    inputs = make_inputs(B, T, H, K, V, with_state=True)
+    with torch.no_grad():
+        inputs[3].copy_(-20.0 * torch.rand(B, T, H, K))
+        inputs[3][:, 70:75] = 0.0                      # a few "keep everything" steps in between
+    do, dht = torch.randn(B, T, H, V), torch.randn(B, H, K, V)
+    compare(inputs, do, dht, 1e-4, 1e-4, 1e-4)         # assert_close also fails on any inf/NaN
+
+
+def test_gpu_tiling_under_interpreter(monkeypatch):
+    # on CPU every kernel sees the whole K and V in one tile; the GPU settings slice K (BKS, BKD) and V
+    # (BV*). Force slices here, with K and V that leave a partly masked last slice, so the CPU tests
+    # also cover the loops and masks the GPU runs.
+    real = kda_kernels._settings
+
+    def sliced(device, dtype, K, V):
+        c = real(device, dtype, K, V)
+        c.update(BKS=16, BKD=16, BV=16, BV_STATE=16, BV_CHUNK=16)
+        return c
+
+    monkeypatch.setattr(kda_kernels, "_settings", sliced)
+    B, T, H, K, V = 1, 80, 1, 40, 40
+    inputs = make_inputs(B, T, H, K, V, with_state=True)
+    do, dht = torch.randn(B, T, H, V), torch.randn(B, H, K, V)
+    compare(inputs, do, dht, 1e-4, 1e-4, 1e-4)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_inputs_on_cpu(dtype):
+    # the kernels never feed bf16 to tl.dot (they upcast on load), so the interpreter runs them; this checks
+    # the casts on load and store. The error is the rounding of o, the grads and dO to 16 bits (~3e-3 in
+    # bf16). For fp16 the gate and beta stay float32 (mixed dtypes), and their grads come back in float32.
+    inputs = make_inputs(1, 70, 1, 32, 16, with_state=True, dtype=dtype)
+    if dtype == torch.float16:
+        inputs[3] = inputs[3].detach().float().requires_grad_()
+        inputs[4] = inputs[4].detach().float().requires_grad_()
+    do, dht = torch.randn(1, 70, 1, 16), torch.randn(1, 1, 32, 16)
+    compare(inputs, do, dht, 5e-3, 8e-3, 2e-2)
+
+
+def test_noncontiguous_inputs_and_mixed_gate_dtype():
+    B, T, H, K, V = 1, 33, 2, 16, 16
+    q, k, v, g, beta = (x.detach() for x in make_inputs(B, T, H, K, V, with_state=False))
+    # the same values through transposed storage
+    qt = q.transpose(1, 2).contiguous().transpose(1, 2)
+    assert not qt.is_contiguous()
+    o1, _ = chunk_kda_triton(q, k, v, g, beta)
+    o2, _ = chunk_kda_triton(qt, k, v, g.double().float(), beta)
+    assert torch.equal(o1, o2)
+    o_ref, _ = kda_recurrent_ref(q, k, v, g, beta)
+    assert_close(o_ref, o1, 1e-4, "o")
+
+
+def _bad_cases():
+    def ok(**changes):
+        args = dict(q=torch.rand(1, 8, 2, 16), k=torch.rand(1, 8, 2, 16), v=torch.rand(1, 8, 2, 8),
+                    g=-torch.rand(1, 8, 2, 16), beta=torch.rand(1, 8, 2), initial_state=None)
+        args.update(changes)
+        return args
+    big = MAX_K + 1
+    return [
+        (ok(q=torch.rand(8, 2, 16)), ValueError, "q must be"),
+        (ok(k=torch.rand(1, 8, 2, 15)), ValueError, "share one shape"),
+        (ok(g=-torch.rand(1, 8, 2, 15)), ValueError, "share one shape"),
+        (ok(v=torch.rand(1, 7, 2, 8)), ValueError, "v must be"),
+        (ok(beta=torch.rand(1, 8, 2, 1)), ValueError, "beta must be"),
+        (ok(initial_state=torch.rand(1, 2, 8, 16)), ValueError, "initial_state must be"),
+        (ok(q=torch.rand(1, 8, 2, big), k=torch.rand(1, 8, 2, big), g=-torch.rand(1, 8, 2, big)), ValueError,
+         f"K <= {MAX_K}"),
+        (ok(v=torch.rand(1, 8, 2, MAX_V + 1)), ValueError, f"V <= {MAX_V}"),
+        (ok(q=torch.rand(1, 8, 2, 16).double()), TypeError, "dtype"),
+        (ok(v=torch.rand(1, 8, 2, 8).half()), TypeError, "share a dtype"),
+        (ok(q=torch.rand(1, 0, 2, 16), k=torch.rand(1, 0, 2, 16), v=torch.rand(1, 0, 2, 8),
+            g=-torch.rand(1, 0, 2, 16), beta=torch.rand(1, 0, 2)), ValueError, "empty"),
+    ]
+
+
+@pytest.mark.parametrize("args,error,message", _bad_cases())
+def test_rejects_bad_input(args, error, message):
+    with pytest.raises(error, match=message):
+        chunk_kda_triton(**args)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CPU tensor")
+def test_rejects_mixed_devices():
+    args = make_inputs(1, 8, 1, 16, 16, with_state=False, device="cuda")
+    args[4] = args[4].detach().cpu()
+    with pytest.raises(ValueError, match="is on cpu"):
+        chunk_kda_triton(*args)
+
+
+# -----------------------------------------------------------------------------------------------------
+# GPU: the compiled kernels. bf16 tolerances as fla's tests (o 5e-3, dq/dk/dv 8e-3, dg/dbeta 2e-2)
+
+# few shapes: every new (K, V, dtype) compiles all kernels again, and tests/gpu.sh has a time budget
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,V", [(4096, 128, 128), (500, 100, 60)])
+def test_gpu_bf16_matches_fp32_reference(T, K, V):
+    B, H = 1, 2
+    inputs = make_inputs(B, T, H, K, V, with_state=True, device="cuda", dtype=torch.bfloat16)
+    do, dht = torch.randn(B, T, H, V, device="cuda"), torch.randn(B, H, K, V, device="cuda")
+    compare(inputs, do, dht, 5e-3, 8e-3, 2e-2)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("T,K,V", [(300, 128, 128)])
+def test_gpu_fp32_matches_reference(T, K, V):
+    inputs = make_inputs(2, T, 2, K, V, with_state=True, device="cuda")
+    do, dht = torch.randn(2, T, 2, V, device="cuda"), torch.randn(2, 2, K, V, device="cuda")
+    compare(inputs, do, dht, 1e-4, 1e-4, 1e-4)
+
+
+@pytest.mark.gpu
+def test_gpu_bf16_strong_decay_long_sequence_is_finite():
+    B, T, H, K, V = 2, 4096, 4, 128, 128
+    inputs = make_inputs(B, T, H, K, V, with_state=True, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        inputs[3].copy_(-20.0 * torch.rand(B, T, H, K, device="cuda"))
+    do, dht = torch.randn(B, T, H, V, device="cuda"), torch.randn(B, H, K, V, device="cuda")
+    o, ht, grads = run_with_grads(chunk_kda_triton, inputs, do, dht)
+    for name, x in [("o", o), ("ht", ht)] + list(zip(GRAD_NAMES, grads)):
+        assert torch.isfinite(x).all(), f"{name} has inf/NaN"
