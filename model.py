@@ -40,6 +40,11 @@ class Config:
     kda_head_dim: int = 0            # 0 = n_embd // n_head
     backend: str = "auto"            # kernels: auto (Triton on CUDA, reference on CPU) | ref | triton
     vision: bool = False             # early-fusion image tokens (vision.py)
+    vision_patch_size: int = 4       # pixels per patch side; 2x2 patches merge into one LM token
+    vision_channels: int = 3
+    vision_n_embd: int = 128         # width of the small ViT encoder
+    vision_n_layer: int = 2          # 0 = no encoder blocks (Fuyu-style linear patches)
+    vision_n_head: int = 4
 
     def __post_init__(self):
         if not self.pattern or set(self.pattern) - set("AK"):
@@ -135,7 +140,9 @@ class CausalSelfAttention(nn.Module):
         if self.use_rope:
             q, k = apply_rope(q, past, self.rope_theta), apply_rope(k, past, self.rope_theta)
         if self.record_max_logit and self.training:
-            self.max_logit = self._max_logit(q.detach(), k.detach()).amax(dim=0)      # [H]
+            # max over the batch; over micro-steps too, until the optimizer reads and resets it
+            new = self._max_logit(q.detach(), k.detach()).amax(dim=0)                  # [H]
+            self.max_logit = new if self.max_logit is None else torch.maximum(self.max_logit, new)
         if cache is not None:
             if past:
                 k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
@@ -228,7 +235,7 @@ class GPT(nn.Module):
             for m in mods:
                 nn.init.normal_(m.weight, std=std)
             # residual-branch outputs scaled down with depth, so the stream's variance stays bounded
-            outs = [block.mlp.down_proj] + ([block.mixer.o_proj] if block.kind == "A" else [])
+            outs = [block.mlp.down_proj, block.mixer.o_proj]                  # KDA has an o_proj too
             for m in outs:
                 nn.init.normal_(m.weight, std=std / math.sqrt(2 * self.config.n_layer))
 
@@ -269,7 +276,7 @@ class GPT(nn.Module):
         logits = self.lm_head(x).float()                                   # [B, T, V]
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1), ignore_index=-1)
+            loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return (logits, loss, weights) if return_weights else (logits, loss)
 
     @torch.no_grad()

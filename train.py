@@ -40,7 +40,7 @@ class TrainConfig:
     batch_size: int = 16               # per micro-step, per process
     grad_accum: int = 4                # micro-steps per optimizer step, summed over processes
     # optimizer
-    optimizer: str = "adamw"           # adamw | muon | muonclip
+    optimizer: str = "muonclip"        # muonclip | muon (no clip) | adamw
     lr: float = 3e-3
     min_lr_ratio: float = 0.1          # final lr = lr * min_lr_ratio
     weight_decay: float = 0.1
@@ -273,7 +273,12 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
     vision_tasks = None
     if cfg.vision_ratio > 0:
         import vision
-        vision_tasks = vision.VisionTasks(seed=cfg.seed)
+        vision_tasks = vision.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
+                                          patch=cfg.model.vision_patch_size)
+        try:  # fail at the boundary, not at the first vision step
+            vision_tasks.batch("train", 1, T, 0)
+        except ValueError as e:
+            raise SystemExit(f"error: --vision_ratio needs a longer --block_size: {e}") from None
 
     def sample_offsets(tokens, n, gen):
         return torch.randint(0, len(tokens) - T - 1, (n,), generator=gen)
@@ -292,7 +297,7 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
                 losses.append(loss.item())
             out[f"{split}_loss"] = float(np.mean(losses))
         if vision_tasks is not None:
-            out.update(vision_tasks.evaluate(raw_model, "val", n=64))
+            out.update(vision_tasks.report(raw_model, "val", n=64))
         model.train()
         return out
 
@@ -314,6 +319,7 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
     attn_layers = raw_model.attention_layers()
     log_file = open(log_path, "a") if master else None
     t_last, step = time.time(), start_step
+    peak, clipped = None, None        # per attention layer, since the last log line
     last_eval = {}
     model.train()
     while step < stop:
@@ -333,6 +339,7 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
                 vx, vy, images = vision_tasks.batch("train", n_vision, T,
                                                     int(torch.randint(0, 2**31 - 1, (1,), generator=data_gen)))
                 x, y = torch.cat([vx, x[n_vision:]]), torch.cat([vy, y[n_vision:]])
+                images = images + [[] for _ in range(len(x) - n_vision)]    # text rows carry no image
             x, y = x.to(device), y.to(device)
             sync = micro == accum - 1
             ctx = model.no_sync() if ddp and not sync else torch.enable_grad()
@@ -352,6 +359,10 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         step += 1
+        stats = getattr(optimizer, "last_clip_stats", None)
+        if stats:  # QK-Clip acts every step: keep each layer's peak and the clipped-head count between log lines
+            peak = [max(a, b) for a, b in zip(peak, stats["max_logit"])] if peak else list(stats["max_logit"])
+            clipped = [a + b for a, b in zip(clipped, stats["clipped_heads"])] if clipped else list(stats["clipped_heads"])
 
         if master and (step % cfg.log_interval == 0 or step == stop or step % cfg.eval_interval == 0):
             dt = time.time() - t_last
@@ -361,9 +372,11 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
                    "tokens": step * tokens_per_step, "tokens_per_s": n_steps * tokens_per_step / max(dt, 1e-9)}
             if is_cuda:  # model FLOPs utilisation against the H100/H200 dense bf16 peak
                 rec["mfu"] = raw_model.flops_per_token(T) * rec["tokens_per_s"] / world / 989e12
-            stats = getattr(optimizer, "last_clip_stats", None)
-            if stats:
-                rec.update(stats)
+            if stats:  # this step's per-layer max logits, plus the peak and clip count since the last line
+                rec.update({"attn_layers": stats["layers"], "max_logit": stats["max_logit"],
+                            "clipped_heads": stats["clipped_heads"], "max_logit_peak": peak,
+                            "clipped_heads_since_last": clipped})
+                peak, clipped = None, None
             if step % cfg.eval_interval == 0 or step == stop:
                 last_eval = evaluate()
                 rec.update(last_eval)
@@ -384,7 +397,8 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
         result["unigram_val_loss"] = data.unigram_loss(folder)
         plot_losses(history, os.path.join(cfg.out_dir, "loss.png"))
         if attn_layers and any("max_logit" in h for h in history):
-            plot_max_logits(history, os.path.join(cfg.out_dir, "max_logit.png"), cfg.qk_clip_tau)
+            plot_max_logits(history, os.path.join(cfg.out_dir, "max_logit.png"),
+                            cfg.qk_clip_tau if cfg.optimizer == "muonclip" else None)
         if cfg.sample_tokens > 0:
             enc = data.get_tokenizer()
             prompt = torch.tensor([enc.encode_ordinary("\n")], device=device)
@@ -418,10 +432,14 @@ def plot_max_logits(history: list[dict], path: str, tau: float):
     import matplotlib.pyplot as plt
     rows = [h for h in history if "max_logit" in h]
     fig, ax = plt.subplots(figsize=(6, 4))
-    for i in range(len(rows[0]["max_logit"])):
-        ax.plot([h["step"] for h in rows], [h["max_logit"][i] for h in rows], label=f"attention layer {i}")
-    ax.axhline(tau, color="k", ls="--", lw=1, label=f"tau = {tau:g}")
-    ax.set_xlabel("step"), ax.set_ylabel("max logit over heads"), ax.legend(), ax.grid(alpha=0.3)
+    names = rows[0].get("attn_layers") or [f"attention layer {i}" for i in range(len(rows[0]["max_logit"]))]
+    for i, name in enumerate(names):
+        key = "max_logit_peak" if rows[0].get("max_logit_peak") else "max_logit"
+        ax.plot([h["step"] for h in rows], [h[key][i] for h in rows], label=name)
+    if tau:
+        ax.axhline(tau, color="k", ls="--", lw=1, label=f"tau = {tau:g}")
+    ax.set_xlabel("step"), ax.set_ylabel("max attention logit (over heads, since last log)")
+    ax.legend(fontsize=7), ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -58,9 +58,10 @@ def test_bad_data_path_is_one_line_error(tmp_path):
 
 
 @pytest.mark.parametrize("kw", [dict(pattern="A"), dict(pattern="A", n_kv_head=1), dict(pattern="A", rope="nope"),
-                                dict(pattern="A", tie_embeddings=True)])
+                                dict(pattern="A", tie_embeddings=True), dict(pattern="KA"),
+                                dict(pattern="KKKA", n_layer=4, residual="attnres_block", attnres_block_size=2)])
 def test_model_forward_backward_shapes(kw):
-    cfg = Config(n_layer=2, n_head=4, n_embd=64, block_size=16, vocab_size=100, **kw)
+    cfg = Config(**{**dict(n_layer=2, n_head=4, n_embd=64, block_size=16, vocab_size=100), **kw})
     m = GPT(cfg)
     idx = torch.randint(0, 100, (3, 11))
     logits, loss = m(idx, idx)
@@ -69,8 +70,10 @@ def test_model_forward_backward_shapes(kw):
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in m.parameters())
 
 
-@pytest.mark.parametrize("kw", [dict(pattern="A"), dict(pattern="A", n_kv_head=2)])
+@pytest.mark.parametrize("kw", [dict(pattern="A"), dict(pattern="A", n_kv_head=2), dict(pattern="KA"),
+                                dict(pattern="KA", residual="attnres_block", attnres_block_size=2)])
 def test_cached_decoding_equals_full_forward(kw):
+    # KDA layers decode from their recurrent state and conv window, attention layers from the KV cache
     m = GPT(Config(n_layer=2, n_head=4, n_embd=64, block_size=32, vocab_size=100, **kw)).eval()
     idx = torch.randint(0, 100, (2, 13))
     full, _ = m(idx)
@@ -128,6 +131,37 @@ def test_training_loss_falls_and_writes_outputs(corpus, tmp_path):
     assert out["final_val_loss"] < np.log(50304) - 2.0  # ln(V) is the loss of a uniform guess
     for name in ("ckpt.pt", "log.jsonl", "loss.png"):
         assert (tmp_path / name).exists()
+
+
+def test_muonclip_is_the_default_and_logs_max_logits_and_clips(corpus, tmp_path):
+    # a tiny tau forces clipping, so the log must show clipped heads and a max-logit plot is written
+    out = train.train(**dict(TINY, data=corpus, max_iters=6, out_dir=str(tmp_path), qk_clip_tau=0.05))
+    rows = out["history"]
+    assert train.make_config({}, cuda=False).optimizer == "muonclip"
+    assert all(len(h["max_logit"]) == 2 and len(h["clipped_heads"]) == 2 for h in rows)
+    assert sum(sum(h["clipped_heads_since_last"]) for h in rows) > 0
+    assert all(p >= m for h in rows for p, m in zip(h["max_logit_peak"], h["max_logit"]))
+    assert (tmp_path / "max_logit.png").exists()
+    adamw = train.train(**dict(TINY, data=corpus, max_iters=2, out_dir=str(tmp_path / "adamw"), optimizer="adamw"))
+    assert "max_logit" not in adamw["history"][-1]
+
+
+def test_hybrid_attnres_model_trains_through_train_py(corpus, tmp_path):
+    out = train.train(**dict(TINY, data=corpus, max_iters=30, out_dir=str(tmp_path), lr=1e-2, n_layer=4,
+                             pattern="KKKA", residual="attnres_block", attnres_block_size=2))
+    losses = [h["train_loss"] for h in out["history"]]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
+    assert len(out["history"][-1]["max_logit"]) == 1          # one attention layer in KKKA
+
+
+def test_vision_mix_trains_through_train_py(corpus, tmp_path):
+    out = train.train(**dict(TINY, data=corpus, max_iters=3, out_dir=str(tmp_path), block_size=96,
+                             vision_ratio=0.5, eval_interval=3, vision_n_embd=32, vision_n_layer=1,
+                             vision_n_head=2))
+    last = out["history"][-1]
+    assert 0.0 <= last["vision_acc"] <= 1.0 and 0.0 <= last["twin_acc"] <= 1.0
+    with pytest.raises(SystemExit, match="longer --block_size"):
+        train.train(**dict(TINY, data=corpus, max_iters=1, out_dir=str(tmp_path / "short"), vision_ratio=0.5))
 
 
 def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
