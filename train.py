@@ -64,7 +64,7 @@ class TrainConfig:
 
 
 # When no GPU is present: a model and run that finish in about five minutes on two cores.
-CPU_DEFAULTS = dict(batch_size=8, grad_accum=1, max_iters=600, warmup_iters=30, eval_interval=100,
+CPU_DEFAULTS = dict(batch_size=8, grad_accum=1, max_iters=400, warmup_iters=30, eval_interval=100,
                     eval_iters=10, ckpt_interval=200, lr=2e-3, sample_tokens=100,
                     block_size=128, n_layer=4, n_head=4, n_embd=128, pattern="A", tie_embeddings=True)
 
