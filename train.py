@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 import data
-from model import GPT, Config, config_from_dict
+from model import GPT, Config
 
 
 @dataclass

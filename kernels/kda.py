@@ -196,7 +196,6 @@ def _state_fwd(Kd, gc, W, U, h, vn, h0, ht, T, Tp, NT, H: tl.constexpr, K: tl.co
                HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
     """Walk the chunks in order for one (batch*head, V tile): h[n] = state entering chunk n, Vn, final state."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)

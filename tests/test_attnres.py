@@ -208,6 +208,13 @@ def test_block_stream_matches_paper_loop(S):
     assert_close(expected, stream(emb, subs), TOL, "block stream")
 
 
+def _assert_same_outputs_and_grads(result_a, result_b):
+    (h_a, grads_a), (h_b, grads_b) = result_a, result_b
+    assert_close(h_a, h_b, TOL, "h")
+    for i, (a, b) in enumerate(zip(grads_a, grads_b)):
+        assert_close(a, b, TOL, f"grad {i}")
+
+
 def test_block_size_one_equals_full():
     L, D = 6, 32
     full = AttnResStream(L, D, block_size=None, backend="ref").to(DEVICE)
@@ -218,9 +225,7 @@ def test_block_size_one_equals_full():
     emb = torch.randn(3, 5, D, device=DEVICE)
     h_f, g_f = _stream_out_and_grads(full, emb, subs, mats)
     h_b, g_b = _stream_out_and_grads(block1, emb, subs, mats)
-    assert_close(h_f, h_b, TOL, "h")
-    for i, (a, b) in enumerate(zip(g_f, g_b)):
-        assert_close(a, b, TOL, f"grad {i}")
+    _assert_same_outputs_and_grads((h_f, g_f), (h_b, g_b))
     # and block size 2 is a different function, so the check above is not vacuous
     block2 = AttnResStream(L, D, block_size=2, backend="ref").to(DEVICE)
     block2.load_state_dict(full.state_dict())
@@ -237,9 +242,7 @@ def test_two_phase_equals_sequential(block_size, backend):
     emb = torch.randn(3, 5, D, device=DEVICE)
     h_seq, g_seq = _stream_out_and_grads(stream, emb, subs, mats)
     h_two, g_two = _stream_out_and_grads(stream, emb, subs, mats, two_phase=True)
-    assert_close(h_seq, h_two, TOL, "h")
-    for i, (a, b) in enumerate(zip(g_seq, g_two)):
-        assert_close(a, b, TOL, f"grad {i}")
+    _assert_same_outputs_and_grads((h_seq, g_seq), (h_two, g_two))
 
 
 @pytest.mark.parametrize("block_size", [None, 2])
@@ -253,9 +256,7 @@ def test_stream_triton_matches_ref(block_size):
     emb = torch.randn(3, 5, D, device=DEVICE)
     h_r, g_r = _stream_out_and_grads(ref, emb, subs, mats)
     h_f, g_f = _stream_out_and_grads(fused, emb, subs, mats)
-    assert_close(h_r, h_f, TOL, "h")
-    for i, (a, b) in enumerate(zip(g_r, g_f)):
-        assert_close(a, b, TOL, f"grad {i}")
+    _assert_same_outputs_and_grads((h_r, g_r), (h_f, g_f))
 
 
 @pytest.mark.parametrize("block_size", [None, 2])

@@ -6,18 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import DEVICE, HAS_CUDA, assert_close, rel_rms
+from conftest import DEVICE, assert_close, rel_rms
 from kda import KimiDeltaAttention, kda, kda_chunk_ref, kda_recurrent_ref
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_cpu_thread():
-    # these tests run many tiny ops (the recurrent reference is a Python loop over tokens); on a busy
-    # 2-core machine intra-op threads mostly spin-wait, so one thread is several times faster
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def make_inputs(B, T, H, K, V, with_state, gate_scale=1.0, device="cpu", dtype=torch.float32):

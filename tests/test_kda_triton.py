@@ -6,36 +6,14 @@ slow. The `gpu` tests check the compiled kernels in bfloat16 and float32 against
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
 import kernels.kda as kda_kernels
 from conftest import HAS_CUDA, assert_close
 from kda import kda_recurrent_ref
+from test_kda import make_inputs  # same input distribution as the reference tests
 from kernels.kda import MAX_K, MAX_V, chunk_kda_triton
 
 GRAD_NAMES = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_cpu_thread():
-    # tiny ops on a busy 2-core machine: extra intra-op threads only spin
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def make_inputs(B, T, H, K, V, with_state, gate_scale=1.0, device="cpu", dtype=torch.float32):
-    """Inputs as the layer produces them: unit-norm q, k; g = log-sigmoid (<= 0); beta in (0, 1)."""
-    q = F.normalize(torch.rand(B, T, H, K), dim=-1)
-    k = F.normalize(torch.rand(B, T, H, K), dim=-1)
-    v = torch.randn(B, T, H, V)
-    g = F.logsigmoid(torch.randn(B, T, H, K)) * gate_scale
-    beta = torch.rand(B, T, H).sigmoid()
-    leaves = [x.to(device=device, dtype=dtype).requires_grad_() for x in (q, k, v, g, beta)]
-    if with_state:
-        leaves.append(torch.randn(B, H, K, V, device=device).requires_grad_())
-    return leaves
 
 
 def run_with_grads(fn, inputs, do, dht, **kwargs):

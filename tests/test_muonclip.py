@@ -19,15 +19,6 @@ from muonclip import MuonClip, max_logit, max_logit_ref, newton_schulz, newton_s
 HAS_TORCH_MUON = hasattr(torch.optim, "Muon")
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # tiny matrices: one thread avoids OpenMP spin contention on a shared 2-core machine (10x slowdowns seen)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 # ------------------------------------------------------------------ helpers
 
 class ToyAttention(nn.Module):

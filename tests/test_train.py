@@ -1,6 +1,5 @@
 """The foundation: data, tokenizer, the decoder, the trainer, checkpoints and DDP."""
 import os
-import sys
 
 import numpy as np
 import pytest
