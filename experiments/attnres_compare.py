@@ -49,6 +49,8 @@ def parse_args():
     p.add_argument("--eval_iters", type=int, default=8)
     p.add_argument("--pattern", default="A")
     p.add_argument("--timing_reps", type=int, default=5)
+    p.add_argument("--optimizer", default="muonclip", help="muonclip | muon | adamw (train.py's choices)")
+    p.add_argument("--seed", type=int, default=1337, help="one seed for all three variants")
     p.add_argument("--out", default=os.path.join(ROOT, "out", "attnres_compare"))
     return p.parse_args()
 
@@ -116,7 +118,7 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     common = dict(max_iters=args.iters, warmup_iters=max(1, args.iters // 10),
                   eval_interval=max(1, args.iters // 3), eval_iters=args.eval_iters, log_interval=10,
-                  ckpt_interval=args.iters, sample_tokens=0, seed=1337, lr=args.lr,
+                  ckpt_interval=args.iters, sample_tokens=0, seed=args.seed, optimizer=args.optimizer, lr=args.lr,
                   batch_size=args.batch_size, grad_accum=1, n_layer=args.n_layer, n_embd=args.n_embd,
                   n_head=args.n_head, block_size=args.block_size, pattern=args.pattern)
     variants = {"standard": {}, "attnres_block": {"attnres_block_size": args.attnres_block_size},
@@ -145,7 +147,7 @@ def main():
     base = results["standard"]["final_val_loss"]
     lines = [f"device: {device}; {args.n_layer} layers ({2 * args.n_layer} sublayers), d={args.n_embd}, "
              f"context {args.block_size}, batch {args.batch_size}, {args.iters} steps "
-             f"({args.iters * args.batch_size * args.block_size} tokens), pattern {args.pattern}, seed 1337", "",
+             f"({args.iters * args.batch_size * args.block_size} tokens), pattern {args.pattern}, {args.optimizer}, seed {args.seed}", "",
              "| variant | final val loss | vs standard | train tok/s (median of log) | fwd+bwd step (controlled) "
              "| step overhead | wall s |",
              "|---|---|---|---|---|---|---|"]
