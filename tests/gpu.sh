@@ -37,10 +37,12 @@ section() {  # section TITLE TIMEOUT_S CMD... : run CMD, append its output (or i
   echo
 } >"$REPORT"
 
-section "GPU tests (pytest -m gpu)" 150 python -m pytest -q -m gpu tests/
-for f in muonclip.py kda.py attnres.py; do
-  [ -f "$f" ] && section "python $f --bench" 90 python "$f" --bench
-done
-section "Training run (default GPU config)" 150 python train.py --max_iters=600 --eval_interval=200 \
+# time limits add up to 490 s, under the 8-minute budget even if every step runs to its limit
+section "GPU tests (pytest -m gpu)" 110 python -m pytest -q -m gpu tests/
+section "python muonclip.py --bench" 80 python muonclip.py --bench
+section "python kda.py --bench" 90 python kda.py --bench
+section "python attnres.py --bench" 70 python attnres.py --bench
+section "python swarm.py --bench" 20 python swarm.py --bench
+section "Training run (default GPU config)" 120 python train.py --max_iters=300 --eval_interval=100 \
   --log_interval=50 --out_dir=out/gpu_run
 echo "report: $REPORT"

@@ -371,7 +371,7 @@ def test_fused_large_token_count_gpu():
 
 
 def _tiny_config(**kw):
-    model = pytest.importorskip("model")
+    import model
     base = dict(vocab_size=96, block_size=16, n_layer=2, n_head=2, n_embd=32, backend="ref")
     base.update(kw)
     return model, model.Config(**base)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import kernels.kda as kda_kernels
-from conftest import HAS_CUDA, assert_close
+from conftest import assert_close
 from kda import kda_recurrent_ref
 from test_kda import make_inputs  # same input distribution as the reference tests
 from kernels.kda import MAX_K, MAX_V, chunk_kda_triton
@@ -156,7 +156,7 @@ def test_rejects_bad_input(args, error, message):
         chunk_kda_triton(**args)
 
 
-@pytest.mark.skipif(not HAS_CUDA, reason="needs a CUDA device and a CPU tensor")
+@pytest.mark.gpu  # needs a CUDA tensor beside a CPU one
 def test_rejects_mixed_devices():
     args = make_inputs(1, 8, 1, 16, 16, with_state=False, device="cuda")
     args[4] = args[4].detach().cpu()
