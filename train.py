@@ -212,7 +212,10 @@ def train(**overrides) -> dict:
     master = rank == 0
     accum = cfg.grad_accum // world               # micro-steps on this process
     try:
-        return _train(cfg, device, rank, world, accum, master, ddp)
+        result = _train(cfg, device, rank, world, accum, master, ddp)
+        if ddp:
+            dist.barrier()   # tear down together: a gloo group whose peer already left can abort the process
+        return result
     finally:
         if ddp:
             dist.destroy_process_group()
