@@ -387,6 +387,8 @@ def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, mas
             log_file.write(json.dumps(rec) + "\n")
             log_file.flush()
             extra = f" | val {rec['val_loss']:.4f}" if "val_loss" in rec else ""
+            if "vision_acc" in rec:
+                extra += f" | image acc {rec['vision_acc']:.2f} | twin acc {rec['twin_acc']:.2f}"
             mfu = f" | mfu {rec['mfu'] * 100:.1f}%" if "mfu" in rec else ""
             print(f"step {step:5d} | loss {train_loss:.4f}{extra} | lr {lr:.2e} | "
                   f"{rec['tokens_per_s']:.0f} tok/s{mfu}")
