@@ -147,7 +147,8 @@ def main():
     base = results["standard"]["final_val_loss"]
     lines = [f"device: {device}; {args.n_layer} layers ({2 * args.n_layer} sublayers), d={args.n_embd}, "
              f"context {args.block_size}, batch {args.batch_size}, {args.iters} steps "
-             f"({args.iters * args.batch_size * args.block_size} tokens), pattern {args.pattern}, {args.optimizer}, seed {args.seed}", "",
+             f"({args.iters * args.batch_size * args.block_size} tokens), pattern {args.pattern}, "
+             f"{args.optimizer}, seed {args.seed}", "",
              "| variant | final val loss | vs standard | train tok/s (median of log) | fwd+bwd step (controlled) "
              "| step overhead | wall s |",
              "|---|---|---|---|---|---|---|"]

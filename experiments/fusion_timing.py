@@ -224,7 +224,8 @@ def report(results, args):
     fig.tight_layout()
     fig.savefig(os.path.join(args.out_dir, "fusion_timing.png"), dpi=120)
 
-    lines = [f"{args.optimizer}, tasks {args.tasks}, lr {args.lr}, steps {args.steps}/arm, batch {args.batch_size} x {args.block_size}, model {args.n_layer}L x {args.n_embd}, "
+    lines = [f"{args.optimizer}, tasks {args.tasks}, lr {args.lr}, steps {args.steps}/arm, "
+             f"batch {args.batch_size} x {args.block_size}, model {args.n_layer}L x {args.n_embd}, "
              f"fine-tunes {args.ft_steps} steps, {args.n_eval} val questions, chance {results['chance']:.3f}, "
              f"seed {args.seed}, {results['seconds']:.0f}s", "",
              "| arm | vision share | from | image-text rows | final text val loss | image acc | twin acc |",

@@ -104,7 +104,8 @@ def main():
     size = (dict(n_layer=8, n_embd=512, n_head=8, block_size=512, batch_size=32) if cuda else
             dict(n_layer=4, n_embd=128, n_head=4, block_size=128, batch_size=8))
     common = dict(data=compact_corpus(vocab), vocab_size=vocab, tie_embeddings=False, grad_accum=1,
-                  eval_iters=8, sample_tokens=0, seed=args.seed, optimizer=args.optimizer, device="cuda" if cuda else "cpu", **size)
+                  eval_iters=8, sample_tokens=0, seed=args.seed, optimizer=args.optimizer,
+                  device="cuda" if cuda else "cpu", **size)
 
     target = non_embedding_params({**common, "pattern": "KKKA"}, cuda)
     runs = []
@@ -135,7 +136,8 @@ def main():
              f"{s['n_head']} heads (KDA head dim {s['n_embd'] // s['n_head']}), T={s['block_size']}, "
              f"batch {s['batch_size']}, "
              f"vocab {vocab} (compact Shakespeare), {args.steps} steps × {s['batch_size'] * s['block_size']} tokens, "
-             f"{args.optimizer}, seed {args.seed}, cosine schedule. SwiGLU width per arm chosen to match the hybrid's non-embedding parameters.", "",
+             f"{args.optimizer}, seed {args.seed}, cosine schedule. "
+             "SwiGLU width per arm chosen to match the hybrid's non-embedding parameters.", "",
              "| arm | pattern | non-embedding params | MLP width | final val loss | val PPL | tokens/s |",
              "|---|---|---|---|---|---|---|"]
     for r in runs:
