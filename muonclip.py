@@ -25,6 +25,9 @@ The GQA rule is ours (K2 uses MLA, where the shared rotary key is likewise left 
 part takes the full γ): it clips each offending head exactly to τ and leaves every other head in the
 group, weights and logits, bit-identical. Heads at or below τ, W_v, W_o and the optimizer state are
 never touched. KDA layers (L2-normalised q/k) have no attention logits to clip and are skipped.
+Every softmax attention the optimizer trains is watched, the vision encoder's too: its attention is
+bidirectional (S_h is the max over all pairs, not causal ones) and its q, k and v come from one fused
+`qkv` projection, whose q and k row blocks are scaled exactly as separate W_q and W_k would be.
 
 Which parameter goes where (MuonClip.from_model walks model.named_modules()):
     nn.Linear weights                                      -> Muon
@@ -133,27 +136,31 @@ def _check_max_logit_args(q, k, scale, backend):
         raise ValueError(f"max_logit: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
 
 
-def max_logit_ref(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal max of scale·q·kᵀ per (batch, head), from the explicit T x T logits, in float32.
+def max_logit_ref(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = True) -> torch.Tensor:
+    """Max of scale·q·kᵀ per (batch, head), from the explicit T x T logits, in float32.
 
     q [B, H, T, Dh], k [B, Hkv, T, Dh]; query head h reads key head h // (H // Hkv). Returns [B, H].
+    causal=True takes the max over pairs j <= i only (a decoder); False over all pairs (the ViT).
     """
     _check_max_logit_args(q, k, scale, "ref")
     H, Hkv, T = q.shape[1], k.shape[1], q.shape[2]
     k = k.repeat_interleave(H // Hkv, dim=1)                           # [B, H, T, Dh]
     logits = (q.float() @ k.float().mT) * scale                        # [B, H, T, T]
-    future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
-    return logits.masked_fill(future, float("-inf")).amax(dim=(-2, -1))
+    if causal:
+        future = torch.ones(T, T, dtype=torch.bool, device=q.device).triu(1)
+        logits = logits.masked_fill(future, float("-inf"))
+    return logits.amax(dim=(-2, -1))
 
 
 @torch.no_grad()
-def max_logit(q: torch.Tensor, k: torch.Tensor, scale: float, backend: str = "auto") -> torch.Tensor:
+def max_logit(q: torch.Tensor, k: torch.Tensor, scale: float, backend: str = "auto",
+              causal: bool = True) -> torch.Tensor:
     """Same as max_logit_ref, without the T x T matrix on the Triton path (kernels/max_logit.py)."""
     _check_max_logit_args(q, k, scale, backend)
     if backend == "ref" or (backend == "auto" and not q.is_cuda):
-        return max_logit_ref(q, k, scale)
+        return max_logit_ref(q, k, scale, causal)
     from kernels.max_logit import max_logit_triton
-    return max_logit_triton(q.detach(), k.detach(), float(scale))
+    return max_logit_triton(q.detach(), k.detach(), float(scale), causal)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -161,9 +168,28 @@ def max_logit(q: torch.Tensor, k: torch.Tensor, scale: float, backend: str = "au
 # ---------------------------------------------------------------------------------------------------
 
 def _is_attention(module: nn.Module) -> bool:
-    """Duck typing: a softmax-attention module that can report per-head max logits."""
-    return all(hasattr(module, a) for a in ("q_proj", "k_proj", "n_head", "n_kv_head", "head_dim",
-                                           "record_max_logit"))
+    """Duck typing: a softmax-attention module that can report per-head max logits, with separate
+    q_proj/k_proj or one fused qkv projection."""
+    has_projections = all(hasattr(module, a) for a in ("q_proj", "k_proj")) or hasattr(module, "qkv")
+    return has_projections and all(hasattr(module, a) for a in ("n_head", "n_kv_head", "head_dim",
+                                                               "record_max_logit"))
+
+
+def _qk_head_rows(m: nn.Module, name: str):
+    """Views [H, Dh, ...] of the query rows and [Hkv, Dh, ...] of the key rows of m's `name` tensor
+    ("weight" or "bias"), or None when m's projections have no such tensor. A fused qkv projection
+    lays its output features out as (3, H, Dh): q, then k, then v."""
+    H, Hkv, Dh = m.n_head, m.n_kv_head, m.head_dim
+    if hasattr(m, "qkv"):
+        t = getattr(m.qkv, name)
+        if t is None:
+            return None
+        qkv = t.view(3, H, Dh, -1)                                         # [3, H, Dh, D] (bias: [3, H, Dh, 1])
+        return qkv[0], qkv[1]
+    q, k = getattr(m.q_proj, name), getattr(m.k_proj, name)
+    if q is None:
+        return None
+    return q.view(H, Dh, -1), k.view(Hkv, Dh, -1)
 
 
 def _adjusted_lr(lr: float, shape: torch.Size, adjust_lr: str) -> float:
@@ -226,8 +252,11 @@ class MuonClip(torch.optim.Optimizer):
         self.attention_modules = list(attention_modules)  # [(name, module)]
         for name, module in self.attention_modules:
             if not _is_attention(module):
-                raise ValueError(f"MuonClip: attention module {name!r} lacks q_proj/k_proj/n_head/"
+                raise ValueError(f"MuonClip: attention module {name!r} lacks q_proj/k_proj (or qkv)/n_head/"
                                  "n_kv_head/head_dim/record_max_logit")
+            if hasattr(module, "qkv") and module.n_kv_head != module.n_head:
+                raise ValueError(f"MuonClip: attention module {name!r} has a fused qkv projection with grouped "
+                                 "KV heads; a fused projection is supported for n_kv_head == n_head only")
         self.last_clip_stats = None
 
     @classmethod
@@ -378,18 +407,22 @@ class MuonClip(torch.optim.Optimizer):
 
     @staticmethod
     def _clip_heads(m, s_max, clipped, tau):
-        H, Hkv, Dh = m.n_head, m.n_kv_head, m.head_dim
-        heads = clipped.nonzero().flatten().to(m.q_proj.weight.device)
-        gamma = (tau / s_max[clipped]).to(m.q_proj.weight.device)  # < 1 for every clipped head
+        mha = m.n_kv_head == m.n_head
+        device = (m.qkv if hasattr(m, "qkv") else m.q_proj).weight.device
+        heads = clipped.nonzero().flatten().to(device)
+        gamma = (tau / s_max[clipped]).to(device)              # < 1 for every clipped head
         # MHA: split γ evenly between q and k (K2); GQA: the query head takes all of γ, the shared key none
-        q_factor = gamma.sqrt() if Hkv == H else gamma
-        projections = [(m.q_proj, q_factor)] + ([(m.k_proj, gamma.sqrt())] if Hkv == H else [])
-        for proj, factor in projections:
-            for tensor in (proj.weight, proj.bias):
-                if tensor is None:
-                    continue
-                rows = tensor.view(H, Dh, -1)                   # [H, Dh, D] (bias: [H, Dh, 1])
-                rows[heads] = rows[heads] * factor.to(tensor.dtype).view(-1, 1, 1)
+        for name in ("weight", "bias"):
+            rows = _qk_head_rows(m, name)
+            if rows is None:
+                continue
+            q_rows, k_rows = rows                              # [H, Dh, D], [Hkv, Dh, D] (bias: [.., Dh, 1])
+            if mha:
+                factor = gamma.sqrt().to(q_rows.dtype).view(-1, 1, 1)
+                q_rows[heads] = q_rows[heads] * factor
+                k_rows[heads] = k_rows[heads] * factor
+            else:
+                q_rows[heads] = q_rows[heads] * gamma.to(q_rows.dtype).view(-1, 1, 1)
 
 
 # ---------------------------------------------------------------------------------------------------

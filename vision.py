@@ -148,11 +148,19 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 # Encoder, projector and the fusion hook
 
 class _EncoderBlock(nn.Module):
-    """Pre-norm ViT block: bidirectional attention with 2-D RoPE, then a GELU MLP."""
+    """Pre-norm ViT block: bidirectional attention with 2-D RoPE, then a GELU MLP.
 
-    def __init__(self, dim: int, n_head: int):
+    Like the language model's attention, it records its per-head max logit (over every pair of
+    patches: the attention is bidirectional) for QK-Clip, which scales the q and k row blocks of the
+    fused qkv projection."""
+
+    def __init__(self, dim: int, n_head: int, backend: str = "auto"):
         super().__init__()
-        self.n_head = n_head
+        self.n_head = self.n_kv_head = n_head
+        self.head_dim = dim // n_head
+        self.backend = backend
+        self.record_max_logit = False   # set by MuonClip.from_model
+        self.max_logit = None           # [n_head] float32, max over images and micro-steps until read
         self.norm1 = nn.LayerNorm(dim)
         self.qkv = nn.Linear(dim, 3 * dim, bias=False)
         self.proj = nn.Linear(dim, dim, bias=False)
@@ -164,6 +172,10 @@ class _EncoderBlock(nn.Module):
         G, N, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(G, N, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)           # [G, H, N, Dh]
+        if self.record_max_logit and self.training:
+            from muonclip import max_logit
+            new = max_logit(q.detach(), k.detach(), self.head_dim ** -0.5, self.backend, causal=False).amax(dim=0)
+            self.max_logit = new if self.max_logit is None else torch.maximum(self.max_logit, new)
         y = F.scaled_dot_product_attention(q, k, v)                        # every patch sees the whole image
         x = x + self.proj(y.transpose(1, 2).reshape(G, N, D))
         return x + self.fc_out(F.gelu(self.fc(self.norm2(x))))
@@ -191,7 +203,8 @@ class EarlyFusion(nn.Module):
         # patch is in the picture, so each patch also gets a linear map of its (row, col) scaled to
         # [-1, 1], which works at every resolution (MoonViT likewise keeps an absolute embedding)
         self.pos_embed = nn.Linear(2, dim, bias=False)
-        self.blocks = nn.ModuleList(_EncoderBlock(dim, self.n_head) for _ in range(n_layer))
+        backend = getattr(config, "backend", "auto")
+        self.blocks = nn.ModuleList(_EncoderBlock(dim, self.n_head, backend) for _ in range(n_layer))
         self.norm = nn.LayerNorm(dim)
         # the projector: 4 merged patches -> the language model's width
         self.projector = nn.Sequential(nn.LayerNorm(4 * dim), nn.Linear(4 * dim, config.n_embd),

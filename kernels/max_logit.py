@@ -1,9 +1,11 @@
 """Triton per-head max attention logit for QK-Clip, without materialising the T x T logits.
 
 S_max[b, h] = max over causal pairs j <= i of scale · q[b, h, i] · k[b, h // group, j]
+             (or over every pair (i, j) when causal=False: the bidirectional ViT's attention)
 
 Each program owns one tile of BLOCK_M queries of one (batch, head): it walks the key tiles up to the
-diagonal (the causal bound), keeps a running per-row max in registers, and writes one float per tile;
+diagonal (the causal bound; every key tile when not causal), keeps a running per-row max in
+registers, and writes one float per tile;
 the wrapper takes the max over tiles. Memory is O(B·H·T/BLOCK_M) instead of O(B·H·T²), and the work
 is half of an attention forward's QKᵀ (no softmax, no V).
 
@@ -24,7 +26,7 @@ def _max_logit_kernel(
     T, H, Dh, group, scale, n_tiles,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
-    IEEE_FP32: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    IEEE_FP32: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -40,7 +42,10 @@ def _max_logit_kernel(
                 mask=(offs_m[:, None] < T) & (offs_d[None, :] < Dh), other=0.0)  # [BLOCK_M, BLOCK_D]
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     # causal: the last query of this tile sees keys 0 .. its own index, so stop after that key tile
-    hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    if CAUSAL:
+        hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
+    else:
+        hi = T
     for n0 in range(0, hi, BLOCK_N):
         offs_n = n0 + tl.arange(0, BLOCK_N)
         kt = tl.load(K + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
@@ -50,15 +55,18 @@ def _max_logit_kernel(
         else:
             s = tl.dot(q, kt)
         s = s * scale  # [BLOCK_M, BLOCK_N], float32
-        keep = (offs_n[None, :] <= offs_m[:, None]) & (offs_n[None, :] < T)
+        keep = offs_n[None, :] < T
+        if CAUSAL:
+            keep = keep & (offs_n[None, :] <= offs_m[:, None])
         s = tl.where(keep, s, float("-inf"))
         row_max = tl.maximum(row_max, tl.max(s, axis=1))
     row_max = tl.where(offs_m < T, row_max, float("-inf"))  # padded query rows do not count
     tl.store(Out + bh * n_tiles + pid_m, tl.max(row_max, axis=0))
 
 
-def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """Per-(batch, head) causal max of scale·q·kᵀ; q [B, H, T, Dh], k [B, Hkv, T, Dh] -> float32 [B, H].
+def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = True) -> torch.Tensor:
+    """Per-(batch, head) max of scale·q·kᵀ (causal pairs, or all pairs); q [B, H, T, Dh], k [B, Hkv, T, Dh]
+    -> float32 [B, H].
 
     Arguments are validated by the caller (muonclip.max_logit). No gradient flows (it is a statistic).
     """
@@ -74,7 +82,7 @@ def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Te
     _max_logit_kernel[(n_tiles, B * H)](
         q, k, out, T, H, Dh, H // Hkv, float(scale), n_tiles,
         *q.stride(), *k.stride(),
-        IEEE_FP32=q.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+        IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
         num_warps=warps,
     )
     return out.amax(dim=1).view(B, H)

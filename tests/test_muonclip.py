@@ -219,7 +219,9 @@ def test_max_logit_triton_gpu(T, Dh, H, Hkv):
     for dtype in (torch.float32, torch.bfloat16):
         q = torch.randn(2, H, T, Dh, device="cuda", dtype=dtype)
         k = torch.randn(2, Hkv, T, Dh, device="cuda", dtype=dtype)
-        torch.testing.assert_close(max_logit(q, k, Dh ** -0.5), max_logit_ref(q, k, Dh ** -0.5), rtol=1e-5, atol=1e-4)
+        for causal in (True, False):
+            torch.testing.assert_close(max_logit(q, k, Dh ** -0.5, causal=causal),
+                                       max_logit_ref(q, k, Dh ** -0.5, causal=causal), rtol=1e-5, atol=1e-4)
 
 
 # ------------------------------------------------------------------ the optimizer: Muon and AdamW parts
@@ -543,3 +545,74 @@ def test_qk_clip_postcondition_on_gpt(n_kv_head):
             assert torch.equal(qh[h], qh0[h]) != bool(clipped[h])
         if n_kv_head < a.n_head:
             assert torch.equal(a.k_proj.weight, kw)
+
+
+# ------------------------------------------------------------------ bidirectional max logit and a fused qkv (the ViT)
+
+@pytest.mark.parametrize("T,Dh,H,Hkv", [(1, 32, 4, 4), (37, 48, 4, 2), (130, 32, 2, 2)])
+def test_max_logit_non_causal_triton_matches_reference(T, Dh, H, Hkv):
+    q = torch.randn(2, T, H, Dh).transpose(1, 2)
+    k = torch.randn(2, Hkv, T, Dh) * 2.0
+    ref = max_logit_ref(q, k, Dh ** -0.5, causal=False)
+    out = max_logit(q, k, Dh ** -0.5, backend="triton", causal=False)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    # all pairs include the causal ones, so the bidirectional max is never below the causal max
+    assert (ref >= max_logit_ref(q, k, Dh ** -0.5) - 1e-6).all()
+
+
+def test_max_logit_non_causal_counts_future_keys():
+    q, k = torch.zeros(1, 2, 6, 4), torch.zeros(1, 2, 6, 4)
+    q[0, 1, 2, 0], k[0, 1, 5, 0] = 10.0, 100.0          # query 2 against the later key 5
+    for backend in ("ref", "triton"):
+        assert max_logit(q, k, 0.5, backend=backend)[0, 1].item() == 0.0           # causal: ignored
+        assert max_logit(q, k, 0.5, backend=backend, causal=False)[0, 1].item() == 500.0
+
+
+def test_qk_clip_on_a_fused_qkv_vit_block():
+    """The ViT block's bidirectional attention, with one fused qkv projection: clipped heads recompute
+    to exactly τ over all patch pairs, every other row of qkv (other heads, all of v) is untouched."""
+    import vision
+    torch.manual_seed(0)
+    dim, H = 32, 4
+    Dh = dim // H
+    block = vision._EncoderBlock(dim, H, backend="ref")
+    with torch.no_grad():
+        block.qkv.weight.view(3, H, Dh, dim)[0, ::2] *= 15.0    # heads 0 and 2 get large logits
+    pos = vision.patch_positions(4, 5)
+    cos, sin = vision.rope_2d(pos, Dh)
+    x = torch.randn(3, 20, dim)
+
+    def logits_now():
+        q, k, _ = block.qkv(block.norm1(x)).view(3, 20, 3, H, Dh).permute(2, 0, 3, 1, 4)
+        q, k = vision.apply_rope(q, cos, sin), vision.apply_rope(k, cos, sin)
+        return max_logit_ref(q, k, Dh ** -0.5, causal=False).amax(0)
+
+    opt = MuonClip.from_model(block, lr=0.0, weight_decay=0.0, qk_clip_tau=None)
+    assert [n for n, _ in opt.attention_modules] == [""] and block.record_max_logit
+    block.train()
+    block(x, cos, sin)
+    before = block.max_logit.clone()
+    torch.testing.assert_close(before, logits_now().detach())
+    tau = before.median().item()
+    clipped = before > tau
+    assert 0 < clipped.sum() < H
+    w_before = block.qkv.weight.detach().clone().view(3, H, Dh, dim)
+    opt.qk_clip_tau = tau
+    opt.qk_clip()
+    with torch.no_grad():
+        after = logits_now()
+    torch.testing.assert_close(after[clipped], torch.full_like(after[clipped], tau), rtol=1e-4, atol=0)
+    assert torch.equal(after[~clipped], before[~clipped])
+    w_after = block.qkv.weight.detach().view(3, H, Dh, dim)
+    assert torch.equal(w_after[2], w_before[2])                          # v rows never change
+    for h in range(H):
+        for part in (0, 1):                                               # q and k rows of head h
+            assert torch.equal(w_after[part, h], w_before[part, h]) != bool(clipped[h]), (part, h)
+
+
+def test_fused_qkv_with_grouped_heads_is_refused():
+    import vision
+    block = vision._EncoderBlock(32, 4)
+    block.n_kv_head = 2
+    with pytest.raises(ValueError, match="fused qkv"):
+        MuonClip(list(block.parameters()), attention_modules=[("vit", block)])
