@@ -238,6 +238,17 @@ class AttnResStream(nn.Module):
         kind = "full" if self.block_size is None else f"block_size={self.block_size}"
         return f"n_sublayers={self.n_sublayers}, d_model={self.d_model}, {kind}, eps={self.eps}"
 
+    def sources_per_read(self) -> list[int]:
+        """How many sources each of the n_sublayers + 1 depth-attention reads mixes (for FLOP counts)."""
+        if self.block_size is None:
+            return list(range(1, self.n_sublayers + 2))                  # read l sees v_0 .. v_l
+        return [1 + l // self.block_size + (l % self.block_size > 0) for l in range(self.n_sublayers)] + \
+               [1 + math.ceil(self.n_sublayers / self.block_size)]
+
+    def flops_per_token(self) -> int:
+        """Forward FLOPs per token of all reads: per source a D-long logit and a D-long weighted sum."""
+        return sum(4 * n * self.d_model for n in self.sources_per_read())
+
     def _read(self, l: int, sources: list, weights: list | None):
         """Sublayer l's depth attention over `sources` (list of [B, T, D])."""
         if weights is None:

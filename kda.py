@@ -154,6 +154,16 @@ def kda_chunk_ref(q, k, v, g, beta, scale=None, initial_state=None, output_final
     return o.to(out_dtype), (S if output_final_state else None)
 
 
+def kda_flops_per_token(n_heads: int, K: int, V: int, chunk_size: int = CHUNK_SIZE) -> int:
+    """Forward FLOPs per token of the chunked algorithm above (what MFU counts; train.py x 3 for the
+    backward). Per head and token of a chunk of C: the two decayed C x C score matrices (2 · 2CK), the
+    unit-triangular solve for [W U] (C(K+V): half of a C x C by C x (K+V) product), the intra-chunk
+    output A_qk (U - WS) (2CV), and three products with the K x V state: W S, (Γ⊙Q) S and the state
+    update (3 · 2KV)."""
+    C = chunk_size
+    return n_heads * (4 * C * K + C * (K + V) + 2 * C * V + 6 * K * V)
+
+
 # -----------------------------------------------------------------------------------------------------
 # The public op: validate once at the boundary, then dispatch
 

@@ -246,12 +246,15 @@ class GPT(nn.Module):
     def attention_layers(self) -> list[CausalSelfAttention]:
         return [b.mixer for b in self.blocks if b.kind == "A"]
 
-    def forward(self, idx, targets=None, images=None, caches=None, return_weights=False):
+    def forward(self, idx, targets=None, images=None, caches=None, return_weights=False, loss_only=False):
         """idx [B, T] token ids -> (logits [B, T, V], loss or None) (+ depth weights if asked).
 
         targets [B, T] with -1 where no loss is taken (image tokens, prompts, padding).
         images: the image batch vision.EarlyFusion expects (requires Config.vision).
         caches: a list of one dict per layer for incremental decoding (see generate()).
+        loss_only: training's fast path: run the output head only where targets != -1 and return
+        (None, loss). Image-text rows take a loss on a few answer tokens, so this skips most of the
+        head's work on them (the head is the largest matmul of a small model with GPT-2's vocabulary).
         """
         B, T = idx.shape
         if caches is None and T > self.config.block_size:
@@ -273,6 +276,10 @@ class GPT(nn.Module):
         else:
             x = self.attnres(x, sublayers, two_phase=caches is not None)
         x = self.norm_f(x)
+        if loss_only and targets is not None and not return_weights:
+            keep = targets != -1                                           # [B, T]
+            logits = self.lm_head(x[keep]).float()                         # [n, V], n = positions with a loss
+            return None, F.cross_entropy(logits, targets[keep])
         logits = self.lm_head(x).float()                                   # [B, T, V]
         loss = None
         if targets is not None:
@@ -307,11 +314,43 @@ class GPT(nn.Module):
         self.train(was_training)
         return out
 
-    def flops_per_token(self, T: int) -> float:
-        """Training FLOPs per token (6N plus attention's T-dependent term), for MFU."""
-        c = self.config
-        n_attn = c.layer_kinds.count("A")
-        return 6 * self.num_params() + 12 * n_attn * c.n_embd * T
+    def flops_per_token(self, T: int) -> int:
+        """FLOPs of one training step (forward + backward = 3 x forward) per token of the text stream,
+        for rows of T tokens, counting every matmul that runs: every nn.Linear of the language model
+        (the output head too when it is tied to the embedding; the embedding lookup is not a matmul),
+        attention's scores and weighted sum over all T keys (4·T·H·Dh per layer; the causal half is
+        not discounted, as in PaLM's MFU), KDA's chunked delta rule (kda.kda_flops_per_token), the
+        depthwise short convolutions, and AttnRes's depth attention. The vision encoder's work
+        depends on the images: add 3 x EarlyFusion.flops_per_image for each."""
+        fwd = 0
+        for name, m in self.named_modules():
+            if name.startswith("vision"):
+                continue
+            if isinstance(m, nn.Linear):
+                fwd += 2 * m.in_features * m.out_features
+            elif isinstance(m, nn.Conv1d):
+                fwd += 2 * m.weight.numel()                 # [out, in/groups, k]: per output position
+        for block in self.blocks:
+            if block.kind == "A":
+                fwd += 4 * T * block.mixer.n_head * block.mixer.head_dim
+            else:
+                from kda import kda_flops_per_token
+                fwd += kda_flops_per_token(block.mixer.n_heads, block.mixer.head_dim, block.mixer.head_dim)
+        if self.config.residual != "standard":
+            fwd += self.attnres.flops_per_token()
+        return 3 * fwd
+
+    def training_flops(self, n_rows: int, T: int, image_sizes=(), head_positions: int | None = None) -> int:
+        """FLOPs of one forward + backward over n_rows rows of T tokens holding images of the given
+        (height, width) sizes; head_positions: how many positions ran the output head (forward with
+        loss_only=True), default all n_rows * T."""
+        flops = n_rows * T * self.flops_per_token(T)
+        if head_positions is not None:
+            head = 2 * self.lm_head.in_features * self.lm_head.out_features
+            flops -= 3 * head * (n_rows * T - head_positions)
+        if image_sizes:
+            flops += 3 * sum(self.vision.flops_per_image(h, w) for h, w in image_sizes)
+        return flops
 
 
 if __name__ == "__main__":

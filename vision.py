@@ -229,6 +229,20 @@ class EarlyFusion(nn.Module):
         x = merge_2x2(self.norm(x), rows, cols)                           # [G, rows/2 * cols/2, 4*dim]
         return self.projector(x)
 
+    def flops_per_image(self, height: int, width: int) -> int:
+        """Forward FLOPs of encoding one image (for MFU): the patch and position embeddings, each
+        block's projections and its bidirectional scores and weighted sum over all N patches
+        (4·N²·dim), and the projector on the N/4 merged tokens."""
+        rows, cols = patch_grid(height, width, self.patch)
+        N = rows * cols
+        dim = self.patch_embed.out_features
+        flops = 2 * N * (self.patch_embed.in_features * dim + 2 * dim)
+        for block in self.blocks:
+            flops += 2 * N * sum(m.in_features * m.out_features for m in (block.qkv, block.proj, block.fc, block.fc_out))
+            flops += 4 * N * N * dim
+        linears = [m for m in self.projector if isinstance(m, nn.Linear)]
+        return flops + 2 * (N // 4) * sum(m.in_features * m.out_features for m in linears)
+
     def forward(self, x: torch.Tensor, idx: torch.Tensor, images) -> torch.Tensor:
         """x [B, T, D] token embeddings of idx [B, T]; images: list over B of lists of [C, H, W].
         Returns x with the IMAGE_PAD rows replaced by the images' tokens, in order."""
@@ -540,7 +554,7 @@ class VisionTasks:
         return sum(ex["answer"] == common[ex["task"]].most_common(1)[0][0] for ex in exs if ex["task"] in common) / n
 
     @torch.no_grad()
-    def evaluate(self, model, split: str = "val", n: int = 200, text_twin: bool = False, batch_size: int = 50) -> float:
+    def evaluate(self, model, split: str = "val", n: int = 200, text_twin: bool = False, batch_size: int = 25) -> float:
         """Exact-match accuracy on the first n examples of `split`.
 
         One forward pass per batch: the answer counts as correct when the argmax at every answer
@@ -560,7 +574,7 @@ class VisionTasks:
                 idx[b, : len(t) - 1] = torch.tensor(t[:-1])
                 targets[b, : len(t) - 1] = torch.tensor(t[1:]).masked_fill(~torch.tensor(f[1:]), -1)
             images = None if text_twin else [im for _, _, im in rows]
-            logits, _ = model(idx.to(device), targets=targets.to(device), images=images)
+            logits, _ = model(idx.to(device), images=images)
             if logits.shape[1] != T:
                 raise ValueError(f"evaluate needs logits at every position; the model returned {tuple(logits.shape)}")
             hit = (logits.argmax(-1).cpu() == targets) | (targets == -1)

@@ -10,8 +10,10 @@ import data
 import train
 from model import GPT, Config
 
+# the plain baseline at a tiny size; tests of the default feature set say so explicitly
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, grad_accum=2, eval_iters=2,
-            eval_interval=1000, log_interval=1, sample_tokens=0, warmup_iters=2, lr=3e-3, device="cpu")
+            eval_interval=1000, log_interval=1, sample_tokens=0, warmup_iters=2, lr=3e-3, device="cpu",
+            pattern="A", residual="standard", vision_ratio=0.0)
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +127,7 @@ def test_lr_schedules():
 
 def test_training_loss_falls_and_writes_outputs(corpus, tmp_path):
     out = train.train(**dict(TINY, data=corpus, max_iters=40, out_dir=str(tmp_path), eval_interval=40, lr=1e-2))
-    losses = [h["train_loss"] for h in out["history"]]
+    losses = [h["batch_loss"] for h in out["history"]]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 2.0
     assert out["final_val_loss"] < np.log(50304) - 2.0  # ln(V) is the loss of a uniform guess
     for name in ("ckpt.pt", "log.jsonl", "loss.png"):
@@ -148,7 +150,7 @@ def test_muonclip_is_the_default_and_logs_max_logits_and_clips(corpus, tmp_path)
 def test_hybrid_attnres_model_trains_through_train_py(corpus, tmp_path):
     out = train.train(**dict(TINY, data=corpus, max_iters=30, out_dir=str(tmp_path), lr=1e-2, n_layer=4,
                              pattern="KKKA", residual="attnres_block", attnres_block_size=2))
-    losses = [h["train_loss"] for h in out["history"]]
+    losses = [h["batch_loss"] for h in out["history"]]
     assert np.mean(losses[-5:]) < np.mean(losses[:5]) - 1.0
     assert len(out["history"][-1]["max_logit"]) == 1          # one attention layer in KKKA
 
@@ -160,7 +162,8 @@ def test_vision_mix_trains_through_train_py(corpus, tmp_path):
     last = out["history"][-1]
     assert 0.0 <= last["vision_acc"] <= 1.0 and 0.0 <= last["twin_acc"] <= 1.0
     with pytest.raises(SystemExit, match="longer --block_size"):
-        train.train(**dict(TINY, data=corpus, max_iters=1, out_dir=str(tmp_path / "short"), vision_ratio=0.5))
+        train.train(**dict(TINY, data=corpus, max_iters=1, out_dir=str(tmp_path / "short"), vision_ratio=0.5,
+                                block_size=16))
 
 
 def test_resume_reproduces_uninterrupted_run(corpus, tmp_path):
@@ -213,7 +216,7 @@ def _ddp_worker(rank, world, port, kw, queue):
     torch.set_num_threads(1)
     out = train.train(**kw)
     if rank == 0:
-        queue.put([h["train_loss"] for h in out["history"]])
+        queue.put([h["batch_loss"] for h in out["history"]])
 
 
 def test_ddp_two_processes_match_single_process(corpus, tmp_path):
@@ -230,8 +233,134 @@ def test_ddp_two_processes_match_single_process(corpus, tmp_path):
     for p in procs:
         p.join(timeout=60)
         assert p.exitcode == 0
-    np.testing.assert_allclose(ddp_losses, [h["train_loss"] for h in single["history"]], rtol=1e-4)
+    np.testing.assert_allclose(ddp_losses, [h["batch_loss"] for h in single["history"]], rtol=1e-4)
     a = torch.load(tmp_path / "single" / "ckpt.pt", weights_only=True)["model"]
     b = torch.load(tmp_path / "ddp" / "ckpt.pt", weights_only=True)["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], atol=1e-5, rtol=1e-4)
+
+
+# ------------------------------------------------------------------ the main job (issue 14)
+
+@pytest.mark.parametrize("cuda", [False, True])
+def test_default_configs_train_every_idea(cuda):
+    cfg = train.make_config({}, cuda=cuda)
+    m = cfg.model
+    assert m.layer_kinds.count("K") == 3 * m.layer_kinds.count("A") > 0 and m.pattern == "KKKA"   # Kimi Linear's 3:1
+    assert not m.use_rope                                                   # NoPE attention in the hybrid
+    assert m.residual == "attnres_block"
+    assert 2 * m.n_layer / m.attnres_block_size <= 8                        # ~8 block summaries at most
+    assert m.vision and 0.1 <= cfg.vision_ratio <= 0.25 and cfg.vision_start == 0.0   # early fusion
+    assert cfg.optimizer == "muonclip" and cfg.qk_clip_tau > 0
+    model = GPT(m)
+    from muonclip import MuonClip
+    opt = MuonClip.from_model(model, lr=cfg.lr, qk_clip_tau=cfg.qk_clip_tau)
+    names = [n for n, _ in opt.attention_modules]
+    # QK-Clip watches every softmax attention the optimizer trains: the LM's and the ViT's
+    assert len(names) == m.layer_kinds.count("A") + m.vision_n_layer and any(n.startswith("vision") for n in names)
+
+
+def test_gpu_default_sees_at_most_five_epochs_of_its_corpus():
+    cfg = train.make_config({}, cuda=True)
+    assert cfg.data == "all"
+    n_train = len(data.load_split(data.prepare("all"), "train"))
+    tokens = cfg.batch_size * cfg.grad_accum * cfg.model.block_size * cfg.max_iters
+    assert 1.0 <= tokens / n_train <= 5.0, tokens / n_train
+
+
+def test_flop_count_matches_a_hand_count():
+    # 1 layer, width 16, 2 heads, SwiGLU 32, vocabulary 64 (head tied to the embedding), T = 8:
+    # forward per token = 2 * (q, k, v, o: 4*16*16 + gate, up: 2*16*32 + down: 32*16 + head: 16*64)
+    #                   + attention scores and weighted sum over T keys: 4 * 8 * 16
+    m = GPT(Config(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16, mlp_hidden=32, pattern="A",
+                   tie_embeddings=True))
+    fwd = 2 * (4 * 16 * 16 + 3 * 16 * 32 + 16 * 64) + 4 * 8 * 16
+    assert fwd == 7680 and m.flops_per_token(8) == 3 * fwd
+    assert m.training_flops(2, 8) == 2 * 8 * 3 * fwd
+    assert m.training_flops(2, 8, head_positions=5) == 2 * 8 * 3 * fwd - 3 * 2 * 16 * 64 * 11
+    # a KDA layer (2 heads of 8): its projections, the depthwise conv over q, k, v (3 * 16 channels x 4 taps)
+    # and the chunked delta rule with C = 64: 2 * (4*64*8 + 64*16 + 2*64*8 + 6*8*8) per token
+    k = GPT(Config(vocab_size=64, block_size=8, n_layer=1, n_head=2, n_embd=16, mlp_hidden=32, pattern="K",
+                   tie_embeddings=True))
+    linears = sum(2 * mod.in_features * mod.out_features for mod in k.modules() if isinstance(mod, torch.nn.Linear))
+    assert k.flops_per_token(8) == 3 * (linears + 2 * 3 * 16 * 4 + 2 * (4 * 64 * 8 + 64 * 16 + 2 * 64 * 8 + 6 * 64))
+
+
+def test_flop_count_of_linear_layers_matches_torch_flop_counter():
+    """Every nn.Linear the formula counts (the tied head included) is exactly the matmul work torch's
+    FlopCounterMode sees in a forward + backward of an attention model (whose attention runs in SDPA,
+    which the counter does not see on CPU; the formula adds it separately)."""
+    from torch.utils.flop_counter import FlopCounterMode
+    cfg = Config(vocab_size=96, block_size=16, n_layer=2, n_head=2, n_embd=32, pattern="A", tie_embeddings=True)
+    m = GPT(cfg)
+    idx = torch.randint(0, 96, (3, 16))
+    with FlopCounterMode(display=False) as counter:
+        _, loss = m(idx, idx)
+        loss.backward()
+    attention = 3 * 2 * 4 * 16 * 2 * 16 * 3 * 16                     # 3 x layers x 4*T*H*Dh x tokens
+    assert counter.get_total_flops() == m.training_flops(3, 16) - attention
+
+
+def test_attnres_sources_per_read_match_the_forward():
+    from attnres import AttnResStream
+    for block in (None, 1, 2, 3):
+        stream = AttnResStream(7, 8, block_size=block, backend="ref")
+        _, weights = stream(torch.randn(2, 3, 8), [lambda h: torch.tanh(h)] * 7, return_weights=True)
+        assert stream.sources_per_read() == [len(w) for w in weights], block
+
+
+def test_vision_flops_count_the_encoder():
+    m = GPT(Config(vocab_size=64, block_size=32, n_layer=1, n_head=2, n_embd=16, pattern="A", vision=True,
+                   vision_patch_size=8, vision_n_embd=16, vision_n_layer=1, vision_n_head=2))
+    # a 32 x 32 image at 8-px patches: 16 patches of 3*8*8 values, one ViT block, 4 merged tokens
+    N, d = 16, 16
+    hand = 2 * N * (192 * d + 2 * d) + 2 * N * (3 * d * d + d * d + 2 * 4 * d * d) + 4 * N * N * d \
+        + 2 * (N // 4) * (4 * d * 16 + 16 * 16)
+    assert m.vision.flops_per_image(32, 32) == hand
+    assert m.training_flops(1, 32, [(32, 32)]) == m.training_flops(1, 32) + 3 * hand
+
+
+def test_tokens_per_second_covers_its_window_and_excludes_eval_and_checkpoints(corpus, tmp_path, monkeypatch):
+    """A fake clock: every micro-step costs 0.5 s (1 s per optimizer step at grad_accum 2), every eval
+    forward 10 s and every checkpoint write 50 s. tokens/s must be exactly tokens_per_step / 1 s on every
+    log line, including the off-interval last line, and MFU's window must carry the same steps."""
+    clock = {"t": 1000.0}
+    monkeypatch.setattr(train.time, "time", lambda: clock["t"])
+    real_forward, real_save = GPT.forward, train.save_checkpoint
+
+    def timed_forward(self, *a, **k):
+        clock["t"] += 0.5 if self.training else 10.0
+        return real_forward(self, *a, **k)
+
+    def timed_save(*a, **k):
+        clock["t"] += 50.0
+        return real_save(*a, **k)
+
+    monkeypatch.setattr(GPT, "forward", timed_forward)
+    monkeypatch.setattr(train, "save_checkpoint", timed_save)
+    out = train.train(**dict(TINY, data=corpus, max_iters=11, log_interval=4, eval_interval=8, ckpt_interval=3,
+                             out_dir=str(tmp_path), peak_tflops=1.0))
+    rows = out["history"]
+    assert [h["step"] for h in rows] == [4, 8, 11] and [h["window_steps"] for h in rows] == [4, 4, 3]
+    tokens_per_step = 4 * 32 * 2
+    for h in rows:
+        assert h["tokens_per_s"] == pytest.approx(tokens_per_step), h
+        flops_per_step = GPT(train.make_config(dict(TINY), cuda=False).model).training_flops(8, 32)
+        assert h["mfu"] == pytest.approx(flops_per_step / 1e12), h     # per second of training, over 1 TFLOP/s
+    assert "val_loss" in rows[1] and "batch_loss" in rows[1] and "eval_train_loss" in rows[1]
+
+
+def test_vision_rows_differ_per_micro_batch_and_repeat_for_the_same_seed():
+    import vision
+    tasks = vision.VisionTasks(seed=0, encoding=data.get_tokenizer(), patch=8, tasks=("color_one", "side_one"))
+    tokens = np.arange(5000, dtype=np.uint16) % 50000
+    offsets = torch.arange(8) * 100
+    rows = [train.micro_batch(tokens, offsets, j, 4, 64, tasks, 2, 7) for j in range(2)]
+    (x0, y0, im0), (x1, y1, im1) = rows
+    assert not torch.equal(x0[:2], x1[:2])                        # ranks 0 and 1 of a step draw different images
+    for j, (x, y, _) in enumerate(rows):                           # the text rows are micro-batch j's own offsets
+        for r in (2, 3):
+            start = int(offsets[4 * j + r])
+            assert torch.equal(x[r], torch.from_numpy(tokens[start:start + 64].astype(np.int64)))
+    again = train.micro_batch(tokens, offsets, 0, 4, 64, tasks, 2, 7)
+    assert torch.equal(again[0], x0) and all(len(r) == 0 for r in im0[2:]) and len(im0[0]) > 0
