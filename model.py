@@ -24,16 +24,16 @@ import torch.nn.functional as F
 class Config:
     vocab_size: int = 50304          # GPT-2's 50257 padded to a multiple of 64; ids >= 50257 are free
     block_size: int = 256            # training context length
-    n_layer: int = 4
-    n_head: int = 4
+    n_layer: int = 4                 # layers; each is a token mixer (pattern letter) and a SwiGLU MLP
+    n_head: int = 4                  # attention heads (and KDA heads unless kda_n_head is set)
     n_kv_head: int = 0               # grouped KV heads for attention; 0 = n_head (plain multi-head)
-    n_embd: int = 256
+    n_embd: int = 256                # model width
     pattern: str = "A"               # repeated over the layers: A = softmax attention, K = KDA
     rope: str = "auto"               # auto | rope | nope; auto = RoPE unless the pattern has K layers
-    rope_theta: float = 10000.0
+    rope_theta: float = 10000.0      # RoPE base
     mlp_hidden: int = 0              # SwiGLU width; 0 = 8/3 * n_embd rounded up to a multiple of 64
-    tie_embeddings: bool = False
-    norm_eps: float = 1e-6
+    tie_embeddings: bool = False     # share the embedding matrix with the output head
+    norm_eps: float = 1e-6           # RMSNorm epsilon
     residual: str = "standard"       # standard | attnres_full | attnres_block
     attnres_block_size: int = 4      # sublayers per block for attnres_block (block size 1 = full)
     kda_n_head: int = 0              # 0 = n_head
@@ -41,10 +41,10 @@ class Config:
     backend: str = "auto"            # kernels: auto (Triton on CUDA, reference on CPU) | ref | triton
     vision: bool = False             # early-fusion image tokens (vision.py)
     vision_patch_size: int = 4       # pixels per patch side; 2x2 patches merge into one LM token
-    vision_channels: int = 3
+    vision_channels: int = 3         # image channels (RGB)
     vision_n_embd: int = 128         # width of the small ViT encoder
     vision_n_layer: int = 2          # 0 = no encoder blocks (Fuyu-style linear patches)
-    vision_n_head: int = 4
+    vision_n_head: int = 4           # ViT heads
 
     def __post_init__(self):
         if not self.pattern or set(self.pattern) - set("AK"):

@@ -2,17 +2,28 @@
 
     python train.py                                  # the mission's model: GPU if present, else CPU (~4 min)
     python train.py --pattern=A --residual=standard --vision_ratio=0   # the plain attention baseline
-    python train.py --data=my_text.txt --max_iters=2000
-    python train.py --resume                         # continue from out/ckpt.pt exactly
+    python train.py --data=my_text.txt --max_iters 2000                # --key=value and --key value both work
+    python train.py --resume                         # continue the newest run (out/latest) exactly
+    python train.py --help                           # every key, its default and what it means
     torchrun --standalone --nproc_per_node=2 train.py   # DDP (NCCL on GPU, gloo on CPU)
 
-Every TrainConfig field below and every model.Config field can be overridden with --key=value.
-Outputs go to --out_dir (default out/): ckpt.pt, log.jsonl, loss.png, sample.txt.
+Every TrainConfig field below and every model.Config field is a flag. Each run writes its own folder,
+out/run-<date>-<time>/ (or --out_dir), and out/latest points at the newest: ckpt.pt, log.jsonl,
+loss.png, max_logit.png, sample.txt. No run touches another run's folder: an --out_dir that holds a
+run stops with a one-line error unless --resume (continue it) or --overwrite (replace it) is given.
+--resume takes the whole configuration from the checkpoint; only the flags in SAFE_ON_RESUME may
+change with it. Ctrl-C stops at the end of the current step and writes its checkpoint.
 """
+import argparse
+import inspect
+import io
 import json
 import math
 import os
+import re
+import signal
 import sys
+import threading
 import time
 from dataclasses import asdict, dataclass, field, fields, replace
 
@@ -23,33 +34,42 @@ import torch.distributed as dist
 import data
 from model import GPT, Config
 
+RUNS_DIR = "out"                  # where runs get their folders when --out_dir is not given
+CHECKPOINT_FORMAT = 2             # bump when the checkpoint's layout changes; older ones are refused
+# flags that may differ from the checkpoint's run when resuming: they change when and what is
+# reported or where it runs, never the optimisation itself
+SAFE_ON_RESUME = ("resume", "out_dir", "stop_iter", "log_interval", "eval_interval", "eval_iters", "ckpt_interval",
+                  "sample_tokens", "device", "threads", "compile", "peak_tflops", "vision_eval_n")
+ALIASES = {"steps": "max_iters"}  # the step count has one name across the project's scripts: --steps
+
 
 @dataclass
 class TrainConfig:
     # I/O
-    out_dir: str = "out"
+    out_dir: str = ""                  # this run's folder; empty = a new out/run-<date>-<time>/
+    overwrite: bool = False            # replace the run in --out_dir instead of refusing to touch it
     data: str = "all"                  # shakespeare | kjv | all (both, ~2.3M tokens) | path to a .txt file or folder
-    resume: bool = False
-    ckpt_interval: int = 250           # also written at the end
-    log_interval: int = 10
-    eval_interval: int = 100
-    eval_iters: int = 20
-    sample_tokens: int = 200
-    seed: int = 1337
+    resume: bool = False               # continue the run in --out_dir (default: out/latest) exactly
+    ckpt_interval: int = 250           # steps between checkpoints (one is also written at the end)
+    log_interval: int = 10             # steps between progress lines
+    eval_interval: int = 100           # steps between evaluations (text val loss, image and twin accuracy)
+    eval_iters: int = 20               # batches per split in a text-loss evaluation
+    sample_tokens: int = 200           # tokens sampled into sample.txt at the end (0 = none)
+    seed: int = 1337                   # model init, data order and image rows
     # batch: tokens per optimizer step = batch_size * block_size * grad_accum
     batch_size: int = 16               # per micro-step, per process
     grad_accum: int = 2                # micro-steps per optimizer step, summed over processes
     # optimizer
     optimizer: str = "muonclip"        # muonclip | muon (no clip) | adamw
-    lr: float = 3e-3
+    lr: float = 3e-3                   # peak learning rate (Muon's update is scaled to AdamW's RMS, so one lr serves both)
     min_lr_ratio: float = 0.1          # final lr = lr * min_lr_ratio
-    weight_decay: float = 0.1
-    beta1: float = 0.9
-    beta2: float = 0.95
+    weight_decay: float = 0.1          # decoupled, on matrices and embeddings (not gains, biases, KDA gates)
+    beta1: float = 0.9                 # AdamW's betas (also MuonClip's AdamW part)
+    beta2: float = 0.95                # (second beta)
     grad_clip: float = 1.0             # 0 disables
     qk_clip_tau: float = 100.0         # QK-Clip threshold (muonclip only)
     schedule: str = "cosine"           # cosine | wsd (warmup, stable, linear decay over the last 20%)
-    warmup_iters: int = 50
+    warmup_iters: int = 50             # linear warmup steps
     max_iters: int = 500               # length of the schedule: 500 x 16,384 tokens = 8.2M = ~3.6 epochs of `all`
     stop_iter: int = 0                 # stop early at this step (0 = max_iters); resume continues
     # system
@@ -59,7 +79,7 @@ class TrainConfig:
     peak_tflops: float = 0.0           # the device's dense bf16 peak for MFU; 0 = look the GPU up in PEAK_TFLOPS
     # vision (vision.py): share of rows that are image-text, from which fraction of the run, which tasks
     vision_ratio: float = 0.125        # K2.5's early fusion: a modest share from step 0 (2 of 16 rows)
-    vision_start: float = 0.0
+    vision_start: float = 0.0          # fraction of max_iters before the first image row (0 = early fusion)
     vision_tasks: str = "all"          # comma-separated vision.TASKS, or all
     vision_eval_n: int = 200           # held-out image questions per eval (and their text twins)
     # model: see model.Config; these are the GPU defaults: Kimi Linear's 3:1 hybrid, block AttnRes, image tokens
@@ -83,71 +103,131 @@ PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200",
                ("L4", 121.0), ("A10", 125.0), ("RTX 4090", 165.0), ("RTX 3090", 71.0))
 
 
+
 class TrainingDiverged(RuntimeError):
     pass
 
 
-# ----------------------------------------------------------------------------- config
+# ----------------------------------------------------------------------------- configuration
 
-def _parse_value(name: str, kind, text: str):
-    try:
-        if kind is bool:
-            if text.lower() in ("1", "true", "yes", ""):
-                return True
-            if text.lower() in ("0", "false", "no"):
-                return False
-            raise ValueError
-        return kind(text)
-    except ValueError:
-        raise SystemExit(f"error: --{name}={text!r} is not a valid {kind.__name__}") from None
+def _field_types() -> dict:
+    """{flag: python type} for every TrainConfig field (but model) and every model.Config field."""
+    names = {"int": int, "float": float, "bool": bool, "str": str}
+    out = {}
+    for cls in (TrainConfig, Config):
+        for f in fields(cls):
+            if f.name != "model":
+                out[f.name] = names.get(f.type, f.type) if isinstance(f.type, str) else f.type
+    return out
+
+
+def _field_help(cls) -> dict:
+    """{field: the comment written after it in the class}: the config's comments are --help's text."""
+    helps = {}
+    for line in inspect.getsource(cls).splitlines():
+        m = re.match(r"\s+(\w+): [^#]*#\s*(.*)$", line)
+        if m:
+            helps[m.group(1)] = m.group(2)
+    return helps
+
+
+def _parse_value(name: str, kind, value):
+    """A flag's value (text from the command line, or a Python value) as its field's type."""
+    if isinstance(value, str) and kind is not str:
+        text = value.strip()
+        try:
+            if kind is bool:
+                if text.lower() not in ("1", "true", "yes", "", "0", "false", "no"):
+                    raise ValueError
+                value = text.lower() in ("1", "true", "yes", "")
+            else:
+                value = kind(text)
+        except ValueError:
+            raise SystemExit(f"error: --{name}={value!r} is not a valid {kind.__name__}") from None
+    elif kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    elif not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise SystemExit(f"error: --{name}={value!r} is not a valid {kind.__name__}")
+    if kind is float and not math.isfinite(value):
+        raise SystemExit(f"error: --{name}={value}: must be a finite number")
+    return value
+
+
+def typed_overrides(overrides: dict) -> dict:
+    """Flags (strings from the command line or Python values) -> {key: typed value}; unknown keys stop."""
+    types = _field_types()
+    overrides = {ALIASES.get(k, k): v for k, v in overrides.items()}
+    unknown = sorted(set(overrides) - set(types))
+    if unknown:
+        raise SystemExit(f"error: unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(types))}"
+                         " (python train.py --help explains each)")
+    return {k: _parse_value(k, types[k], v) for k, v in overrides.items()}
 
 
 def make_config(overrides: dict, cuda: bool) -> TrainConfig:
-    """TrainConfig from defaults (+ CPU_DEFAULTS without a GPU) and overrides (values or strings)."""
-    train_keys = {f.name: f.type for f in fields(TrainConfig) if f.name != "model"}
-    model_keys = {f.name: f.type for f in fields(Config)}
-    types = {**train_keys, **model_keys}
-    types = {k: {"int": int, "float": float, "bool": bool, "str": str}.get(t, t) if isinstance(t, str) else t
-             for k, t in types.items()}
-    unknown = sorted(set(overrides) - set(types))
-    if unknown:
-        raise SystemExit(f"error: unknown config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(types))}")
+    """TrainConfig from the defaults (+ CPU_DEFAULTS without a GPU) and overrides (values or strings)."""
     values = {} if cuda else dict(CPU_DEFAULTS)
-    for k, v in overrides.items():
-        if isinstance(v, str) and types[k] is not str:
-            v = _parse_value(k, types[k], v)
-        elif types[k] is float and isinstance(v, int) and not isinstance(v, bool):
-            v = float(v)
-        elif not isinstance(v, types[k]):
-            raise SystemExit(f"error: --{k}={v!r} is not a valid {types[k].__name__}")
-        values[k] = v
-    cfg = TrainConfig(**{k: v for k, v in values.items() if k in train_keys})
+    values.update(typed_overrides(overrides))
+    model_keys = {f.name for f in fields(Config)}
+    cfg = TrainConfig(**{k: v for k, v in values.items() if k not in model_keys})
     try:
         cfg.model = replace(cfg.model, **{k: v for k, v in values.items() if k in model_keys})
     except ValueError as e:
         raise SystemExit(f"error: {e}") from None
-    if cfg.optimizer not in ("adamw", "muon", "muonclip"):
-        raise SystemExit(f"error: --optimizer={cfg.optimizer}: use adamw | muon | muonclip")
-    if cfg.schedule not in ("cosine", "wsd"):
-        raise SystemExit(f"error: --schedule={cfg.schedule}: use cosine | wsd")
-    if min(cfg.batch_size, cfg.grad_accum, cfg.max_iters) < 1 or cfg.lr <= 0:
-        raise SystemExit("error: batch_size, grad_accum, max_iters and lr must be positive")
-    if not 0.0 <= cfg.vision_ratio <= 1.0 or not 0.0 <= cfg.vision_start <= 1.0:
-        raise SystemExit("error: --vision_ratio and --vision_start are fractions in [0, 1]")
+    check_config(cfg)
+    # the encoder exists exactly when image rows are trained, so the text-only baseline has no ViT
+    cfg.model = replace(cfg.model, vision=cfg.vision_ratio > 0)
+    return cfg
+
+
+def check_config(cfg: TrainConfig):
+    """Values of the right type but out of range stop here, with the flag's name, before any work."""
+    def need(ok: bool, message: str):
+        if not ok:
+            raise SystemExit(f"error: {message}")
+    need(cfg.optimizer in ("adamw", "muon", "muonclip"), f"--optimizer={cfg.optimizer}: use adamw | muon | muonclip")
+    need(cfg.schedule in ("cosine", "wsd"), f"--schedule={cfg.schedule}: use cosine | wsd")
+    need(cfg.device in ("auto", "cuda", "cpu"), f"--device={cfg.device}: use auto | cuda | cpu")
+    need(min(cfg.batch_size, cfg.grad_accum, cfg.max_iters, cfg.log_interval, cfg.eval_interval, cfg.eval_iters,
+             cfg.ckpt_interval, cfg.vision_eval_n) >= 1,
+         "batch_size, grad_accum, max_iters, log_interval, eval_interval, eval_iters, ckpt_interval and "
+         "vision_eval_n must be >= 1")
+    need(0 <= cfg.stop_iter <= cfg.max_iters, f"--stop_iter={cfg.stop_iter} must be in [0, max_iters={cfg.max_iters}]")
+    need(min(cfg.warmup_iters, cfg.sample_tokens, cfg.threads, cfg.seed) >= 0,
+         "warmup_iters, sample_tokens, threads and seed must be >= 0")
+    need(cfg.lr > 0 and cfg.qk_clip_tau > 0, "--lr and --qk_clip_tau must be positive")
+    need(cfg.weight_decay >= 0 and cfg.grad_clip >= 0 and cfg.peak_tflops >= 0,
+         "--weight_decay, --grad_clip and --peak_tflops must be >= 0")
+    need(0 <= cfg.min_lr_ratio <= 1, f"--min_lr_ratio={cfg.min_lr_ratio} must be in [0, 1]")
+    need(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1, "--beta1 and --beta2 must be in [0, 1)")
+    need(0 <= cfg.vision_ratio <= 1 and 0 <= cfg.vision_start <= 1, "--vision_ratio and --vision_start are fractions in [0, 1]")
+    need(cfg.model.rope_theta > 0 and cfg.model.norm_eps > 0, "--rope_theta and --norm_eps must be positive")
+    need(cfg.model.vocab_size >= 50260, f"--vocab_size={cfg.model.vocab_size}: the GPT-2 tokenizer and the image "
+         "tokens need >= 50260")
     if cfg.vision_ratio > 0:
         import vision
         names = vision_task_names(cfg)
         bad = sorted(set(names) - set(vision.TASKS))
-        if bad or not names:
-            raise SystemExit(f"error: --vision_tasks={cfg.vision_tasks}: unknown {bad}; use all or a comma list of "
-                             f"{', '.join(vision.TASKS)}")
-        if round(cfg.vision_ratio * cfg.batch_size) < 1:
-            raise SystemExit(f"error: --vision_ratio={cfg.vision_ratio} of --batch_size={cfg.batch_size} rows "
-                             "rounds to no image row; raise one of them (or set --vision_ratio=0)")
-    # the encoder exists exactly when image rows are trained, so the text-only baseline has no ViT
-    cfg.model = replace(cfg.model, vision=cfg.vision_ratio > 0)
-    if cfg.threads < 0 or cfg.peak_tflops < 0 or cfg.vision_eval_n < 1:
-        raise SystemExit("error: --threads and --peak_tflops must be >= 0 and --vision_eval_n >= 1")
+        need(not bad and bool(names), f"--vision_tasks={cfg.vision_tasks}: unknown {bad}; use all or a comma list of "
+             f"{', '.join(vision.TASKS)}")
+        need(round(cfg.vision_ratio * cfg.batch_size) >= 1, f"--vision_ratio={cfg.vision_ratio} of --batch_size="
+             f"{cfg.batch_size} rows rounds to no image row; raise one of them (or set --vision_ratio=0)")
+
+
+def config_for_resume(saved: dict, overrides: dict, run_dir: str) -> TrainConfig:
+    """The checkpoint's own run configuration, with only the SAFE_ON_RESUME flags allowed to change."""
+    model = Config(**saved["model"])
+    cfg = TrainConfig(**{k: v for k, v in saved.items() if k != "model"}, model=model)
+    for key, value in overrides.items():
+        current = getattr(cfg.model if hasattr(cfg.model, key) else cfg, key)
+        if key not in SAFE_ON_RESUME and value != current:
+            raise SystemExit(f"error: --{key}={value} differs from the run being resumed ({key}={current}); --resume "
+                             f"continues that run as configured (only {', '.join(SAFE_ON_RESUME[2:])} may change): "
+                             "drop the flag, or start a new run without --resume")
+    safe = {k: v for k, v in overrides.items() if k in SAFE_ON_RESUME and k not in ("resume", "out_dir")}
+    # where the first part stopped is not part of the run: a resume runs to max_iters unless told otherwise
+    cfg = replace(cfg, **{"stop_iter": 0, **safe, "resume": True, "out_dir": run_dir, "overwrite": False})
+    check_config(cfg)
     return cfg
 
 
@@ -158,32 +238,40 @@ def vision_task_names(cfg: TrainConfig) -> tuple:
     return tuple(t.strip() for t in cfg.vision_tasks.split(",") if t.strip())
 
 
-def peak_flops(device: str, override_tflops: float) -> tuple[float | None, str]:
-    """(peak FLOP/s or None, where it came from) for MFU."""
-    if override_tflops > 0:
-        return override_tflops * 1e12, f"{override_tflops:g} TFLOP/s (--peak_tflops)"
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(device)
-        for key, tflops in PEAK_TFLOPS:
-            if key in name:
-                return tflops * 1e12, f"{tflops:g} TFLOP/s ({name}, dense bf16)"
-        return None, f"n/a (no peak known for {name}; set --peak_tflops)"
-    return None, "n/a on CPU (set --peak_tflops to compute one)"
-
-
-def format_seconds(s: float) -> str:
-    s = int(round(s))
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):   # one line instead of argparse's usage block
+        raise SystemExit(f"error: {message} (python train.py --help lists every key)")
 
 
 def parse_args(argv: list[str]) -> dict:
-    out = {}
-    for arg in argv:
-        if not arg.startswith("--"):
-            raise SystemExit(f"error: expected --key=value, got {arg!r}")
-        key, _, value = arg[2:].partition("=")
-        out[key] = value
-    return out
+    """The command line -> {key: text}. --key=value and --key value both work; a bare boolean flag
+    (--resume) means true. Values are converted and checked by make_config."""
+    cpu = make_config({}, cuda=False)
+    gpu = make_config({}, cuda=True)
+    parser = _Parser(prog="train.py", description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                     epilog="Defaults are the GPU run's; where the CPU run (no GPU found) differs, both are shown. "
+                            "Model keys are model.Config's fields.")
+    types = _field_types()
+    for title, cls in (("training", TrainConfig), ("model (model.Config)", Config)):
+        group = parser.add_argument_group(title)
+        helps = _field_help(cls)
+        for f in fields(cls):
+            if f.name == "model":
+                continue
+            owner_gpu, owner_cpu = (gpu, cpu) if cls is TrainConfig else (gpu.model, cpu.model)
+            d_gpu, d_cpu = getattr(owner_gpu, f.name), getattr(owner_cpu, f.name)
+            default = f"{d_gpu!r}" + (f", CPU: {d_cpu!r}" if d_cpu != d_gpu else "")
+            kind = types[f.name]
+            group.add_argument(f"--{f.name}", metavar=kind.__name__.upper(), default=argparse.SUPPRESS,
+                               nargs="?" if kind is bool else None, const="true" if kind is bool else None,
+                               help=f"{helps.get(f.name, '')} (default {default})".replace("%", "%%"))
+    parser.add_argument("--steps", dest="max_iters", metavar="INT", default=argparse.SUPPRESS,
+                        help="the same as --max_iters (the project's scripts share --steps)")
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        raise SystemExit(f"error: unknown argument(s) {' '.join(unknown)}; valid keys: {', '.join(sorted(types))} "
+                         "(python train.py --help explains each)")
+    return vars(args)
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -200,6 +288,138 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     frac = min(1.0, (step - cfg.warmup_iters) / max(1, cfg.max_iters - cfg.warmup_iters))
     return lo + 0.5 * (cfg.lr - lo) * (1 + math.cos(math.pi * frac))
 
+
+# ----------------------------------------------------------------------------- run folders and checkpoints
+
+RUN_FILES = ("ckpt.pt", "ckpt.pt.tmp", "log.jsonl", "loss.png", "max_logit.png", "sample.txt")
+
+
+def claim_run_dir(cfg: TrainConfig) -> str:
+    """The folder this new run writes: --out_dir, or a fresh out/run-<date>-<time>. A folder holding
+    another run's files is never written over unless --overwrite says so (then those files go)."""
+    if not cfg.out_dir:
+        stamp = time.strftime("run-%Y%m%d-%H%M%S")
+        name, n = stamp, 1
+        while os.path.exists(os.path.join(RUNS_DIR, name)):
+            n += 1
+            name = f"{stamp}-{n}"
+        run_dir = os.path.join(RUNS_DIR, name)
+    else:
+        run_dir = cfg.out_dir
+    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
+        raise SystemExit(f"error: --out_dir={run_dir} is a file, not a folder")
+    taken = [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
+    if taken and not cfg.overwrite:
+        raise SystemExit(f"error: {run_dir} holds another run ({', '.join(taken)}); continue it with --resume "
+                         f"--out_dir={run_dir}, pick a new --out_dir, or pass --overwrite to replace it")
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        for f in taken:
+            os.remove(os.path.join(run_dir, f))
+        probe = os.path.join(run_dir, ".write_test")
+        open(probe, "w").close()
+        os.remove(probe)
+    except OSError as e:
+        raise SystemExit(f"error: cannot write to {run_dir}: {e.strerror}") from None
+    return run_dir
+
+
+def mark_latest(run_dir: str):
+    """out/latest -> this run's folder (a symlink replaced atomically), so a bare --resume finds it."""
+    if os.path.dirname(os.path.abspath(run_dir)) != os.path.abspath(RUNS_DIR):
+        return                                  # only runs inside out/ compete for "latest"
+    link = os.path.join(RUNS_DIR, "latest")
+    tmp = link + f".tmp{os.getpid()}"
+    os.symlink(os.path.basename(run_dir), tmp)
+    os.replace(tmp, link)
+
+
+def find_run_to_resume(out_dir: str) -> tuple[str, dict]:
+    """(run folder, checkpoint) for --resume: --out_dir, else out/latest."""
+    run_dir = out_dir or os.path.join(RUNS_DIR, "latest")
+    if not out_dir and not os.path.exists(run_dir):
+        raise SystemExit(f"error: --resume: no run to continue ({run_dir} does not exist); train without --resume first")
+    run_dir = os.path.relpath(os.path.realpath(run_dir)) if not out_dir else run_dir
+    return run_dir, load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+
+
+def _fault(point: str, step: int):
+    """Fault injection for the tests: KIMI_FAULT=<point>@<step> kills the process there (SIGKILL, no cleanup)."""
+    if os.environ.get("KIMI_FAULT") == f"{point}@{step}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def save_checkpoint(path: str, state: dict):
+    """Write to a temporary file, flush it to disk, then rename: a crash at any moment leaves either the
+    previous checkpoint or the new one, never a torn file."""
+    step = state["step"]
+    _fault("before_checkpoint", step)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getbuffer()
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        if os.environ.get("KIMI_FAULT") == f"during_checkpoint@{step}":
+            f.write(payload[: len(payload) // 2])   # half a file on disk, then the process dies
+            f.flush()
+            _fault("during_checkpoint", step)
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fault("after_checkpoint", step)
+
+
+def load_checkpoint(path: str) -> dict:
+    if not os.path.exists(path):
+        raise SystemExit(f"error: --resume: no checkpoint at {path}; train without --resume first")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # torn file, not a checkpoint, or unsafe pickle content
+        raise SystemExit(f"error: checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:200]})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        found = ckpt.get("format", "none") if isinstance(ckpt, dict) else "none"
+        raise SystemExit(f"error: checkpoint {path} was written by another version of train.py (format {found}, this "
+                         f"version reads {CHECKPOINT_FORMAT}); start a new run")
+    missing = {"model", "optimizer", "step", "run_config", "data_rng", "cpu_rng"} - set(ckpt)
+    if missing:
+        raise SystemExit(f"error: checkpoint {path} is missing {', '.join(sorted(missing))}")
+    return ckpt
+
+
+def checkpoint_state(cfg: TrainConfig, model: GPT, optimizer, step: int, data_gen: torch.Generator) -> dict:
+    state = {"format": CHECKPOINT_FORMAT, "run_config": asdict(cfg), "step": step, "model": model.state_dict(),
+             "optimizer": optimizer.state_dict(), "data_rng": data_gen.get_state(), "cpu_rng": torch.get_rng_state()}
+    if torch.cuda.is_available() and next(model.parameters()).is_cuda:
+        state["cuda_rng"] = torch.cuda.get_rng_state()
+    return state
+
+
+class StopOnCtrlC:
+    """Ctrl-C asks the loop to stop after the current step (which then writes its checkpoint); a second
+    Ctrl-C stops at once. Only the main thread can own a signal handler; elsewhere this does nothing."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self.active = threading.current_thread() is threading.main_thread()
+        if self.active:
+            self.previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    def __exit__(self, *exc):
+        if self.active:
+            signal.signal(signal.SIGINT, self.previous)
+
+
+# ----------------------------------------------------------------------------- data, optimizer, evaluation
 
 def micro_batch(train_tokens, offsets: torch.Tensor, j: int, batch_size: int, T: int,
                 vision_tasks=None, rows_vision: int = 0, vision_seed: int | None = None):
@@ -228,64 +448,74 @@ def build_optimizer(model: GPT, cfg: TrainConfig):
                                adamw_betas=(cfg.beta1, cfg.beta2), qk_clip_tau=tau)
 
 
-# ----------------------------------------------------------------------------- checkpoints
-
-def save_checkpoint(path: str, state: dict):
-    """Write to a temporary file, then rename: a crash mid-write never leaves a torn checkpoint."""
-    tmp = path + ".tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-
-
-def load_checkpoint(path: str, cfg: TrainConfig) -> dict:
-    if not os.path.exists(path):
-        raise SystemExit(f"error: --resume: no checkpoint at {path}; train without --resume first")
-    try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # torn file, not a checkpoint, or unsafe pickle content
-        raise SystemExit(f"error: checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0][:200]})") from None
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "model_config" not in ckpt:
-        raise SystemExit(f"error: checkpoint {path} is missing its model or config entries")
-    if ckpt["model_config"] != asdict(cfg.model):
-        diff = {k: (v, asdict(cfg.model).get(k)) for k, v in ckpt["model_config"].items()
-                if asdict(cfg.model).get(k) != v}
-        raise SystemExit(f"error: checkpoint {path} was trained with a different model config "
-                         f"(checkpoint vs now: {diff}); pass the same model settings to resume")
-    if ckpt.get("optimizer_name") != cfg.optimizer:
-        raise SystemExit(f"error: checkpoint {path} used --optimizer={ckpt.get('optimizer_name')}, now {cfg.optimizer}")
-    return ckpt
+@torch.no_grad()
+def evaluate(model: GPT, cfg: TrainConfig, splits: dict, device: str, autocast, vision_tasks=None) -> dict:
+    """Text loss on the same eval_iters batches of each split every time, and, in a vision run,
+    exact-match accuracy on the first vision_eval_n held-out image questions and on their text twins."""
+    was_training = model.training
+    model.eval()
+    out, T = {}, cfg.model.block_size
+    for split, tokens in splits.items():
+        gen = torch.Generator().manual_seed(1234)
+        losses = []
+        for _ in range(cfg.eval_iters):
+            x, y = data.get_batch(tokens, torch.randint(0, len(tokens) - T - 1, (cfg.batch_size,), generator=gen), T)
+            with autocast:
+                losses.append(model(x.to(device), y.to(device))[1].item())
+        out["eval_train_loss" if split == "train" else "val_loss"] = float(np.mean(losses))
+    if vision_tasks is not None:
+        with autocast:
+            out.update(vision_tasks.report(model, "val", n=cfg.vision_eval_n))
+    model.train(was_training)
+    return out
 
 
 # ----------------------------------------------------------------------------- training
 
-def train(**overrides) -> dict:
-    """Run training with overrides of TrainConfig / model.Config fields; return a summary dict."""
-    ddp = int(os.environ.get("RANK", -1)) != -1
-    if overrides.get("device", "auto") == "cuda" and not torch.cuda.is_available():
+def _cuda_for(device: str) -> bool:
+    if device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("error: --device=cuda but torch sees no CUDA device; use --device=cpu (or auto)")
-    want_cuda = overrides.get("device", "auto") in ("auto", "cuda") and torch.cuda.is_available()
-    cfg = make_config(overrides, cuda=want_cuda)
+    return device in ("auto", "cuda") and torch.cuda.is_available()
+
+
+def train(**overrides) -> dict:
+    """Run training with overrides of TrainConfig / model.Config fields (values or command-line text);
+    return a summary dict. Under torchrun (RANK set) it runs one DDP process."""
+    typed = typed_overrides(overrides)
+    ckpt = None
+    if typed.get("resume"):
+        run_dir, ckpt = find_run_to_resume(typed.get("out_dir", ""))
+        cfg = config_for_resume(ckpt["run_config"], typed, run_dir)
+    else:
+        cfg = make_config(typed, cuda=_cuda_for(typed.get("device", "auto")))
+    want_cuda = _cuda_for(cfg.device)
+    ddp = int(os.environ.get("RANK", -1)) != -1
+    rank, world, device = 0, 1, "cuda" if want_cuda else "cpu"
     if ddp:
-        backend = "nccl" if want_cuda else "gloo"
-        dist.init_process_group(backend)
+        dist.init_process_group("nccl" if want_cuda else "gloo")
         rank, world = dist.get_rank(), dist.get_world_size()
-        local_rank = int(os.environ.get("LOCAL_RANK", 0))
-        device = f"cuda:{local_rank}" if want_cuda else "cpu"
         if want_cuda:
+            device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
             torch.cuda.set_device(device)
+    try:
         if cfg.grad_accum % world:
             raise SystemExit(f"error: grad_accum={cfg.grad_accum} must be a multiple of the {world} processes")
-    else:
-        rank, world = 0, 1
-        device = "cuda" if want_cuda else "cpu"
-    if not want_cuda:  # small models: a few threads per process do the work, more only add overhead
-        per_process = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-        torch.set_num_threads(cfg.threads or min(4, per_process))
-    master = rank == 0
-    accum = cfg.grad_accum // world               # micro-steps on this process
-    try:
-        result = _train(cfg, device, rank, world, accum, master, ddp)
+        if not want_cuda:  # small models: a few threads per process do the work, more only add overhead
+            per_process = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+            torch.set_num_threads(cfg.threads or min(4, per_process))
+        if not cfg.resume:   # rank 0 claims the folder; every process writes (rank 0) or reads the same one
+            claimed = [None]
+            if rank == 0:
+                try:
+                    claimed = [claim_run_dir(cfg)]
+                except SystemExit as e:
+                    claimed = [e]
+            if ddp:
+                dist.broadcast_object_list(claimed, src=0)
+            if isinstance(claimed[0], SystemExit):
+                raise claimed[0]
+            cfg = replace(cfg, out_dir=claimed[0])
+        result = run_training(cfg, ckpt, device, rank, world, ddp)
         if ddp:
             dist.barrier()   # tear down together: a gloo group whose peer already left can abort the process
         return result
@@ -294,9 +524,269 @@ def train(**overrides) -> dict:
             dist.destroy_process_group()
 
 
-def describe_run(cfg: TrainConfig, model: GPT, device: str, world: int, n_train: int, n_val: int,
-                 tokens_per_step: int, peak_note: str, optimizer) -> str:
+@dataclass
+class Run:
+    """What one training run holds while it trains."""
+    cfg: TrainConfig
+    device: str
+    rank: int
+    world: int
+    ddp: bool
+    model: torch.nn.Module          # what the loop calls (DDP- or compile-wrapped)
+    raw_model: GPT                  # the module whose weights are saved, evaluated and sampled
+    optimizer: torch.optim.Optimizer
+    data_gen: torch.Generator       # the data order, the same on every process
+    train_tokens: np.ndarray
+    val_tokens: np.ndarray
+    folder: str                     # the tokenised data
+    autocast: object
+    vision_tasks: object = None
+    blind: float | None = None      # the best image-blind accuracy on the eval questions
+    history: list = field(default_factory=list)
+    start_step: int = 0
+
+    @property
+    def master(self) -> bool:
+        return self.rank == 0
+
+
+def setup_run(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world: int, ddp: bool) -> Run:
+    """Data, model, optimizer and image tasks of a run, restored from ckpt when resuming."""
+    torch.manual_seed(cfg.seed)
+    is_cuda = device.startswith("cuda")
+    if is_cuda:
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    try:
+        if rank == 0:
+            data.prepare(cfg.data)
+        if ddp:
+            dist.barrier()                        # rank 0 tokenizes once; the others wait, then read
+        folder = data.prepare(cfg.data)
+    except (ValueError, OSError) as e:
+        raise SystemExit(f"error: {e}") from None
+    train_tokens, val_tokens = data.load_split(folder, "train"), data.load_split(folder, "val")
+    T = cfg.model.block_size
+    if len(val_tokens) <= T + 1 or len(train_tokens) <= T + 1:
+        raise SystemExit(f"error: --data={cfg.data} has too few tokens for block_size={T} "
+                         f"(train {len(train_tokens)}, val {len(val_tokens)})")
+    try:
+        model = GPT(cfg.model).to(device)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
+    optimizer = build_optimizer(model, cfg)
+    data_gen = torch.Generator().manual_seed(cfg.seed)
+    run = Run(cfg, device, rank, world, ddp, model, model, optimizer, data_gen, train_tokens, val_tokens, folder,
+              torch.autocast("cuda", dtype=torch.bfloat16) if is_cuda else torch.autocast("cpu", enabled=False))
+    if ckpt is not None:
+        try:
+            model.load_state_dict(ckpt["model"])
+            optimizer.load_state_dict(ckpt["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as e:
+            raise SystemExit(f"error: the checkpoint in {cfg.out_dir} does not fit this version's model "
+                             f"({(str(e).splitlines() or [''])[0][:160]}); start a new run") from None
+        run.start_step = ckpt["step"]
+        data_gen.set_state(ckpt["data_rng"])
+        torch.set_rng_state(ckpt["cpu_rng"])
+        if is_cuda and "cuda_rng" in ckpt:
+            torch.cuda.set_rng_state(ckpt["cuda_rng"])
+        run.history = _log_until(os.path.join(cfg.out_dir, "log.jsonl"), run.start_step, rank == 0)
+    if cfg.compile:
+        run.model = torch.compile(model)
+    if ddp:
+        run.model = torch.nn.parallel.DistributedDataParallel(run.model, device_ids=[int(device.split(":")[1])] if is_cuda else None)
+    if cfg.vision_ratio > 0:
+        import vision
+        run.vision_tasks = vision.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
+                                              patch=cfg.model.vision_patch_size, tasks=vision_task_names(cfg))
+        try:  # fail at the boundary, not at the first vision step
+            run.vision_tasks.batch("train", 1, T, 0)
+        except ValueError as e:
+            raise SystemExit(f"error: --vision_ratio needs a longer --block_size: {e}") from None
+        if rank == 0:  # what an image-blind model scores: each task's most common training answer
+            run.blind = run.vision_tasks.majority_baseline("val", cfg.vision_eval_n)
+    return run
+
+
+def _log_until(log_path: str, step: int, rewrite: bool) -> list[dict]:
+    """The log lines up to `step` (a resumed run continues from its checkpoint, not from its last line)."""
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path) as f:
+        history = [h for h in (json.loads(line) for line in f if line.strip()) if h["step"] <= step]
+    if rewrite:
+        tmp = log_path + ".tmp"
+        with open(tmp, "w") as f:
+            f.writelines(json.dumps(h) + "\n" for h in history)
+        os.replace(tmp, log_path)
+    return history
+
+
+def train_step(run: Run, step: int) -> tuple[torch.Tensor, int]:
+    """One optimizer step over grad_accum micro-batches (this process's share) -> (mean loss, this process's FLOPs)."""
+    cfg, T = run.cfg, run.cfg.model.block_size
+    accum = cfg.grad_accum // run.world
+    offsets = torch.randint(0, len(run.train_tokens) - T - 1, (cfg.batch_size * cfg.grad_accum,), generator=run.data_gen)
+    rows_vision, vision_seed = 0, None
+    if run.vision_tasks is not None and step >= cfg.vision_start * cfg.max_iters:
+        rows_vision = int(round(cfg.vision_ratio * cfg.batch_size))
+        vision_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=run.data_gen))  # one per step, every process
+    loss_sum, flops = torch.zeros((), device=run.device), 0
+    for micro in range(accum):
+        j = micro * run.world + run.rank                 # this micro-batch's index in the global step
+        x, y, images = micro_batch(run.train_tokens, offsets, j, cfg.batch_size, T, run.vision_tasks, rows_vision,
+                                   vision_seed)
+        sizes = [tuple(im.shape[1:]) for row in images or [] for im in row]
+        flops += run.raw_model.training_flops(len(x), T, sizes, head_positions=int((y != -1).sum()))
+        x, y = x.to(run.device), y.to(run.device)
+        sync = micro == accum - 1
+        ctx = run.model.no_sync() if run.ddp and not sync else torch.enable_grad()
+        with ctx, run.autocast:
+            _, loss = run.model(x, y, images=images, loss_only=True)
+            (loss / accum).backward()
+        loss_sum += loss.detach() / accum
+    return loss_sum, flops
+
+
+def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world: int, ddp: bool) -> dict:
+    t_start = time.time()
+    run = setup_run(cfg, ckpt, device, rank, world, ddp)
+    master, stop, T = run.master, cfg.stop_iter or cfg.max_iters, cfg.model.block_size
+    tokens_per_step = cfg.batch_size * T * cfg.grad_accum
+    peak, peak_note = peak_flops(device, cfg.peak_tflops)
+    ckpt_path, log_path = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
+    if master:
+        mark_latest(cfg.out_dir)
+        print(describe_run(run, tokens_per_step, peak_note))
+        print(f"setup    {time.time() - t_start:.1f} s; writing {cfg.out_dir}/"
+              + (f" (resumed at step {run.start_step})" if cfg.resume else ""), flush=True)
+    log_file = open(log_path, "a") if master else None
+    step, last_eval, last_ckpt = run.start_step, {}, run.start_step if cfg.resume else None
+    logit_peak = clipped = None             # per attention module, since the last log line
+    # throughput window: steps, tokens and this process's FLOPs since the last log line; eval and
+    # checkpoint writes are taken out of its clock, so they never count as training time
+    window = dict(t0=time.time(), busy=0.0, steps=0, tokens=0, flops=0)
+    t_loop, train_time, interrupted = time.time(), 0.0, False
+    run.model.train()
+    with StopOnCtrlC() as ctrl_c:
+        while step < stop:
+            lr = lr_at(step, cfg)
+            for group in run.optimizer.param_groups:
+                group["lr"] = lr
+            loss_sum, step_flops = train_step(run, step)
+            flag = torch.stack([loss_sum, torch.tensor(float(ctrl_c.requested), device=device)])
+            if ddp:
+                dist.all_reduce(flag)              # the mean loss, and whether any process was interrupted
+                flag[0] /= world
+            batch_loss, interrupted = flag[0].item(), flag[1].item() > 0
+            if not math.isfinite(batch_loss):
+                kept = (f"this run's last good checkpoint (step {last_ckpt}) is kept in {ckpt_path}" if last_ckpt is not None
+                        else "this run wrote no checkpoint yet")
+                raise TrainingDiverged(f"loss is {batch_loss} at step {step}; stopping ({kept})")
+            if cfg.grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip)
+            run.optimizer.step()
+            run.optimizer.zero_grad(set_to_none=True)
+            step += 1
+            window.update(steps=window["steps"] + 1, tokens=window["tokens"] + tokens_per_step,
+                          flops=window["flops"] + step_flops)
+            stats = getattr(run.optimizer, "last_clip_stats", None)
+            if stats:  # QK-Clip acts every step: keep each module's peak and clipped-head count between log lines
+                logit_peak = [max(a, b) for a, b in zip(logit_peak or stats["max_logit"], stats["max_logit"])]
+                clipped = [a + b for a, b in zip(clipped or [0] * len(stats["clipped_heads"]), stats["clipped_heads"])]
+            is_log = step % cfg.log_interval == 0 or step % cfg.eval_interval == 0 or step == stop or interrupted
+            if master and is_log:
+                now = time.time()
+                dt = window["busy"] + now - window["t0"]      # training seconds of this window's steps
+                train_time += dt
+                rec = {"step": step, "batch_loss": batch_loss, "lr": lr, "tokens": step * tokens_per_step,
+                       "tokens_per_s": window["tokens"] / max(dt, 1e-9), "window_steps": window["steps"],
+                       "mfu": window["flops"] / max(dt, 1e-9) / peak if peak else None, "elapsed_s": now - t_start}
+                if stats:  # this step's per-module max logits, plus the peak and clip count since the last line
+                    rec.update({"attn_layers": stats["layers"], "max_logit": stats["max_logit"],
+                                "clipped_heads": stats["clipped_heads"], "max_logit_peak": logit_peak,
+                                "clipped_heads_since_last": clipped})
+                    logit_peak = clipped = None
+                eta = (now - t_loop) / (step - run.start_step) * (stop - step)
+                print_progress(rec, stop, eta)
+                if step % cfg.eval_interval == 0 or step == stop:
+                    t_eval = time.time()
+                    last_eval = evaluate(run.raw_model, cfg, {"train": run.train_tokens, "val": run.val_tokens},
+                                         device, run.autocast, run.vision_tasks)
+                    if run.vision_tasks is not None:
+                        last_eval.update(vision_n=cfg.vision_eval_n, vision_blind=run.blind)
+                    rec.update(last_eval)
+                    print_eval(last_eval, step, stop, time.time() - t_eval)
+                run.history.append(rec)
+                log_file.write(json.dumps(rec) + "\n")
+                log_file.flush()
+            if master and (step % cfg.ckpt_interval == 0 or step == stop or interrupted):
+                window["busy"] += time.time() - window["t0"]  # a write between log lines is not training time
+                save_checkpoint(ckpt_path, checkpoint_state(cfg, run.raw_model, run.optimizer, step, run.data_gen))
+                last_ckpt, window["t0"] = step, time.time()
+            if master and is_log:
+                window = dict(t0=time.time(), busy=0.0, steps=0, tokens=0, flops=0)
+            if interrupted:
+                break
+    if master:
+        log_file.close()
+    return finish_run(run, step, last_eval, interrupted, time.time() - t_start, train_time)
+
+
+def finish_run(run: Run, step: int, last_eval: dict, interrupted: bool, wall_s: float, train_s: float) -> dict:
+    """Plots, the sample, and the summary dict train() returns."""
+    cfg = run.cfg
+    result = {"history": run.history, "final_val_loss": last_eval.get("val_loss"), "out_dir": cfg.out_dir,
+              "steps": step, "n_params": run.raw_model.num_params(), "wall_s": wall_s, "train_s": train_s,
+              "interrupted": interrupted}
+    if "vision_acc" in last_eval:
+        result.update(vision_acc=last_eval["vision_acc"], twin_acc=last_eval["twin_acc"], vision_blind=run.blind,
+                      vision_n=cfg.vision_eval_n)
+    if not run.master or interrupted:
+        return result
+    result["unigram_val_loss"] = data.unigram_loss(run.folder)
+    plot_losses(run.history, os.path.join(cfg.out_dir, "loss.png"))
+    if run.raw_model.attention_layers() and any("max_logit" in h for h in run.history):
+        plot_max_logits(run.history, os.path.join(cfg.out_dir, "max_logit.png"),
+                        cfg.qk_clip_tau if cfg.optimizer == "muonclip" else None)
+    if cfg.sample_tokens > 0:
+        enc = data.get_tokenizer()
+        prompt = torch.tensor([enc.encode_ordinary("\n")], device=run.device)
+        with run.autocast:
+            out = run.raw_model.generate(prompt, cfg.sample_tokens, temperature=0.8, top_k=200,
+                                         generator=torch.Generator(device=run.device).manual_seed(cfg.seed))
+        text = enc.decode([t for t in out[0].tolist() if t < enc.n_vocab])
+        with open(os.path.join(cfg.out_dir, "sample.txt"), "w") as f:
+            f.write(text)
+        result["sample"] = text
+    return result
+
+
+# ----------------------------------------------------------------------------- reporting
+
+def peak_flops(device: str, override_tflops: float) -> tuple[float | None, str]:
+    """(peak FLOP/s or None, where it came from) for MFU."""
+    if override_tflops > 0:
+        return override_tflops * 1e12, f"{override_tflops:g} TFLOP/s (--peak_tflops)"
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in PEAK_TFLOPS:
+            if key in name:
+                return tflops * 1e12, f"{tflops:g} TFLOP/s ({name}, dense bf16)"
+        return None, f"n/a (no peak known for {name}; set --peak_tflops)"
+    return None, "n/a on CPU (set --peak_tflops to compute one)"
+
+
+def format_seconds(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
+
+
+
+def describe_run(run: Run, tokens_per_step: int, peak_note: str) -> str:
     """The header: everything that defines the run, one topic per line."""
+    cfg, model, device, world, optimizer = run.cfg, run.raw_model, run.device, run.world, run.optimizer
+    n_train, n_val = len(run.train_tokens), len(run.val_tokens)
     m = cfg.model
     kinds = m.layer_kinds
     head = "tied to the embedding" if m.tie_embeddings else "untied head"
@@ -338,227 +828,19 @@ def describe_run(cfg: TrainConfig, model: GPT, device: str, world: int, n_train:
     return "\n".join(lines)
 
 
-def _train(cfg: TrainConfig, device: str, rank: int, world: int, accum: int, master: bool, ddp: bool) -> dict:
-    torch.manual_seed(cfg.seed)
-    is_cuda = device.startswith("cuda")
-    if is_cuda:
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if is_cuda else torch.autocast("cpu", enabled=False)
-    t_start = time.time()
+def print_progress(rec: dict, stop: int, eta: float):
+    mfu = f" | mfu {rec['mfu'] * 100:.1f}%" if rec["mfu"] is not None else ""
+    print(f"step {rec['step']:>{len(str(stop))}}/{stop} | loss {rec['batch_loss']:.4f} | lr {rec['lr']:.2e} | "
+          f"{rec['tokens_per_s']:,.0f} tok/s{mfu} | {format_seconds(rec['elapsed_s'])} elapsed, ETA {format_seconds(eta)}",
+          flush=True)
 
-    if master:
-        folder = data.prepare(cfg.data)
-    if ddp:
-        dist.barrier()                            # rank 0 tokenizes once; the others wait, then read
-    folder = data.prepare(cfg.data)
-    train_tokens, val_tokens = data.load_split(folder, "train"), data.load_split(folder, "val")
-    T = cfg.model.block_size
-    if len(val_tokens) <= T + 1 or len(train_tokens) <= T + 1:
-        raise SystemExit(f"error: data {cfg.data!r} has too few tokens for block_size={T} "
-                         f"(train {len(train_tokens)}, val {len(val_tokens)})")
 
-    model = GPT(cfg.model).to(device)
-    optimizer = build_optimizer(model, cfg)
-    # the data sampler: one generator, identical on every process; each process takes its slice of
-    # the step's offsets, so N processes see exactly the batch one process would see with N x accum
-    data_gen = torch.Generator().manual_seed(cfg.seed)
-    os.makedirs(cfg.out_dir, exist_ok=True)
-    ckpt_path = os.path.join(cfg.out_dir, "ckpt.pt")
-    log_path = os.path.join(cfg.out_dir, "log.jsonl")
-    start_step, history = 0, []
-    if cfg.resume:
-        ckpt = load_checkpoint(ckpt_path, cfg)
-        model.load_state_dict(ckpt["model"])
-        optimizer.load_state_dict(ckpt["optimizer"])
-        start_step = ckpt["step"]
-        data_gen.set_state(ckpt["data_rng"])
-        torch.set_rng_state(ckpt["cpu_rng"])
-        if is_cuda and "cuda_rng" in ckpt:
-            torch.cuda.set_rng_state(ckpt["cuda_rng"])
-        history = [json.loads(line) for line in open(log_path)] if os.path.exists(log_path) else []
-        history = [h for h in history if h["step"] <= start_step]
-        if master:  # drop log lines written after the checkpoint, so the log matches the resumed run
-            with open(log_path, "w") as f:
-                f.writelines(json.dumps(h) + "\n" for h in history)
-        if master:
-            print(f"resumed from {ckpt_path} at step {start_step}")
-    elif master and os.path.exists(log_path):
-        os.remove(log_path)
-    raw_model = model
-    if cfg.compile:
-        model = torch.compile(model)
-    if ddp:
-        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[int(device.split(":")[1])] if is_cuda else None)
-
-    vision_tasks, n_vision, blind = None, 0, None
-    if cfg.vision_ratio > 0:
-        import vision
-        vision_tasks = vision.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
-                                          patch=cfg.model.vision_patch_size, tasks=vision_task_names(cfg))
-        n_vision = int(round(cfg.vision_ratio * cfg.batch_size))       # image-text rows per micro-batch
-        try:  # fail at the boundary, not at the first vision step
-            vision_tasks.batch("train", 1, T, 0)
-        except ValueError as e:
-            raise SystemExit(f"error: --vision_ratio needs a longer --block_size: {e}") from None
-        if master:  # what an image-blind model scores: each task's most common training answer
-            blind = vision_tasks.majority_baseline("val", cfg.vision_eval_n)
-
-    def sample_offsets(tokens, n, gen):
-        return torch.randint(0, len(tokens) - T - 1, (n,), generator=gen)
-
-    @torch.no_grad()
-    def evaluate() -> dict:
-        model.eval()
-        out = {}
-        for split, tokens in (("train", train_tokens), ("val", val_tokens)):
-            gen = torch.Generator().manual_seed(1234)   # the same eval batches every time
-            losses = []
-            for _ in range(cfg.eval_iters):
-                x, y = data.get_batch(tokens, sample_offsets(tokens, cfg.batch_size, gen), T)
-                with autocast:
-                    _, loss = raw_model(x.to(device), y.to(device))
-                losses.append(loss.item())
-            out["eval_train_loss" if split == "train" else "val_loss"] = float(np.mean(losses))
-        if vision_tasks is not None:
-            with autocast:
-                out.update(vision_tasks.report(raw_model, "val", n=cfg.vision_eval_n))
-            out.update(vision_n=cfg.vision_eval_n, vision_blind=blind)
-        model.train()
-        return out
-
-    def checkpoint_state(step: int) -> dict:
-        state = {"model": raw_model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                 "model_config": asdict(cfg.model), "optimizer_name": cfg.optimizer,
-                 "data_rng": data_gen.get_state(), "cpu_rng": torch.get_rng_state()}
-        if is_cuda:
-            state["cuda_rng"] = torch.cuda.get_rng_state()
-        return state
-
-    n_params = raw_model.num_params()
-    tokens_per_step = cfg.batch_size * T * accum * world
-    stop = cfg.stop_iter or cfg.max_iters
-    peak, peak_note = peak_flops(device, cfg.peak_tflops)
-    if master:
-        print(describe_run(cfg, raw_model, device, world, len(train_tokens), len(val_tokens), tokens_per_step,
-                           peak_note, optimizer))
-        print(f"setup    {time.time() - t_start:.1f} s (tokenising, model, vision baseline)", flush=True)
-    attn_layers = raw_model.attention_layers()
-    log_file = open(log_path, "a") if master else None
-    step = start_step
-    logit_peak, clipped = None, None        # per attention module, since the last log line
-    last_eval = {}
-    # throughput window: steps, tokens and this process's FLOPs since the last log line; the clock
-    # restarts after eval and checkpoint writes, so their time never counts as training time
-    window = dict(t0=time.time(), busy=0.0, steps=0, tokens=0, flops=0)
-    t_loop, train_time = time.time(), 0.0
-    model.train()
-    while step < stop:
-        lr = lr_at(step, cfg)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        offsets = sample_offsets(train_tokens, cfg.batch_size * cfg.grad_accum, data_gen)
-        rows_vision = n_vision if vision_tasks is not None and step >= cfg.vision_start * cfg.max_iters else 0
-        if rows_vision:  # one seed per step, the same on every process; micro-batch j draws its own rows
-            vision_seed = int(torch.randint(0, 2**31 - 1, (1,), generator=data_gen))
-        loss_sum = torch.zeros((), device=device)
-        step_flops = 0
-        for micro in range(accum):
-            j = micro * world + rank                     # this micro-batch's index in the global step
-            x, y, images = micro_batch(train_tokens, offsets, j, cfg.batch_size, T,
-                                       vision_tasks if rows_vision else None, rows_vision,
-                                       vision_seed if rows_vision else None)
-            step_flops += raw_model.training_flops(len(x), T, [tuple(im.shape[1:]) for row in images or [] for im in row],
-                                                   head_positions=int((y != -1).sum()))
-            x, y = x.to(device), y.to(device)
-            sync = micro == accum - 1
-            ctx = model.no_sync() if ddp and not sync else torch.enable_grad()
-            with ctx, autocast:
-                _, loss = model(x, y, images=images, loss_only=True)
-                (loss / accum).backward()
-            loss_sum += loss.detach() / accum
-        if ddp:
-            dist.all_reduce(loss_sum)              # gloo has no AVG: sum, then divide
-            loss_sum /= world
-        batch_loss = loss_sum.item()
-        if not math.isfinite(batch_loss):
-            kept = f"the last good checkpoint {ckpt_path} is kept" if os.path.exists(ckpt_path) else "no checkpoint was written yet"
-            raise TrainingDiverged(f"loss is {batch_loss} at step {step}; stopping ({kept})")
-        if cfg.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(raw_model.parameters(), cfg.grad_clip)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        step += 1
-        window["steps"] += 1
-        window["tokens"] += tokens_per_step
-        window["flops"] += step_flops
-        stats = getattr(optimizer, "last_clip_stats", None)
-        if stats:  # QK-Clip acts every step: keep each module's peak and the clipped-head count between log lines
-            logit_peak = [max(a, b) for a, b in zip(logit_peak, stats["max_logit"])] if logit_peak else list(stats["max_logit"])
-            clipped = [a + b for a, b in zip(clipped, stats["clipped_heads"])] if clipped else list(stats["clipped_heads"])
-
-        is_eval = step % cfg.eval_interval == 0 or step == stop
-        if master and (step % cfg.log_interval == 0 or is_eval):
-            now = time.time()
-            dt = window["busy"] + now - window["t0"]          # training seconds of this window's steps
-            train_time += dt
-            rec = {"step": step, "batch_loss": batch_loss, "lr": lr, "tokens": step * tokens_per_step,
-                   "tokens_per_s": window["tokens"] / max(dt, 1e-9), "window_steps": window["steps"],
-                   "mfu": window["flops"] / max(dt, 1e-9) / peak if peak else None,
-                   "elapsed_s": now - t_start}
-            if stats:  # this step's per-module max logits, plus the peak and clip count since the last line
-                rec.update({"attn_layers": stats["layers"], "max_logit": stats["max_logit"],
-                            "clipped_heads": stats["clipped_heads"], "max_logit_peak": logit_peak,
-                            "clipped_heads_since_last": clipped})
-                logit_peak, clipped = None, None
-            done = step - start_step
-            eta = (now - t_loop) / done * (stop - step)
-            mfu = f" | mfu {rec['mfu'] * 100:.1f}%" if rec["mfu"] is not None else ""
-            print(f"step {step:>{len(str(stop))}}/{stop} | loss {batch_loss:.4f} | lr {lr:.2e} | "
-                  f"{rec['tokens_per_s']:,.0f} tok/s{mfu} | {format_seconds(now - t_start)} elapsed, "
-                  f"ETA {format_seconds(eta)}", flush=True)
-            if is_eval:
-                t_eval = time.time()
-                last_eval = evaluate()
-                rec.update(last_eval)
-                line = f"eval step {step}/{stop} | text val {last_eval['val_loss']:.4f} (train {last_eval['eval_train_loss']:.4f})"
-                if "vision_acc" in last_eval:
-                    line += (f" | image acc {last_eval['vision_acc']:.3f} on {cfg.vision_eval_n} questions "
-                             f"(blind {blind:.3f}) | twin acc {last_eval['twin_acc']:.3f}")
-                print(line + f" | {time.time() - t_eval:.1f} s", flush=True)
-            history.append(rec)
-            log_file.write(json.dumps(rec) + "\n")
-            log_file.flush()
-        if master and (step % cfg.ckpt_interval == 0 or step == stop):
-            window["busy"] += time.time() - window["t0"]     # a write between log lines is not training time
-            save_checkpoint(ckpt_path, checkpoint_state(step))
-            window["t0"] = time.time()
-        if master and (step % cfg.log_interval == 0 or is_eval):
-            window = dict(t0=time.time(), busy=0.0, steps=0, tokens=0, flops=0)
-
-    result = {"history": history, "final_val_loss": last_eval.get("val_loss"), "out_dir": cfg.out_dir,
-              "steps": step, "n_params": n_params, "wall_s": time.time() - t_start, "train_s": train_time}
-    if "vision_acc" in last_eval:
-        result.update(vision_acc=last_eval["vision_acc"], twin_acc=last_eval["twin_acc"], vision_blind=blind,
-                      vision_n=cfg.vision_eval_n)
-    if master:
-        log_file.close()
-        result["unigram_val_loss"] = data.unigram_loss(folder)
-        plot_losses(history, os.path.join(cfg.out_dir, "loss.png"))
-        if attn_layers and any("max_logit" in h for h in history):
-            plot_max_logits(history, os.path.join(cfg.out_dir, "max_logit.png"),
-                            cfg.qk_clip_tau if cfg.optimizer == "muonclip" else None)
-        if cfg.sample_tokens > 0:
-            enc = data.get_tokenizer()
-            prompt = torch.tensor([enc.encode_ordinary("\n")], device=device)
-            with autocast:
-                out = raw_model.generate(prompt, cfg.sample_tokens, temperature=0.8, top_k=200,
-                                         generator=torch.Generator(device=device).manual_seed(cfg.seed))
-            text = enc.decode([t for t in out[0].tolist() if t < enc.n_vocab])
-            with open(os.path.join(cfg.out_dir, "sample.txt"), "w") as f:
-                f.write(text)
-            result["sample"] = text
-    return result
+def print_eval(ev: dict, step: int, stop: int, seconds: float):
+    line = f"eval step {step}/{stop} | text val {ev['val_loss']:.4f} (train {ev['eval_train_loss']:.4f})"
+    if "vision_acc" in ev:
+        line += (f" | image acc {ev['vision_acc']:.3f} on {ev['vision_n']} questions (blind {ev['vision_blind']:.3f})"
+                 f" | twin acc {ev['twin_acc']:.3f}")
+    print(line + f" | {seconds:.1f} s", flush=True)
 
 
 def plot_losses(history: list[dict], path: str):
@@ -611,6 +893,13 @@ def main(argv: list[str]) -> int:
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:   # a second Ctrl-C: stop at once, keeping the last checkpoint written
+        print("interrupted: stopped at once; the run's last checkpoint is kept (continue with --resume)", file=sys.stderr)
+        return 130
+    if result["interrupted"]:
+        print(f"interrupted: stopped at step {result['steps']} and wrote its checkpoint; continue with "
+              f"python train.py --resume --out_dir={result['out_dir']}")
+        return 130
     if result.get("final_val_loss") is not None:
         print(f"final text val loss {result['final_val_loss']:.4f} (unigram baseline {result['unigram_val_loss']:.4f})")
     if "vision_acc" in result:

@@ -183,11 +183,21 @@ def test_bad_checkpoints_are_rejected(corpus, tmp_path):
     with pytest.raises(SystemExit, match="no checkpoint"):
         train.train(**kw, resume=True)
     train.train(**kw)
-    with pytest.raises(SystemExit, match="different model config"):
+    with pytest.raises(SystemExit, match="n_embd=64 differs from the run being resumed"):
         train.train(**dict(kw, n_embd=64, resume=True, max_iters=4))
+    ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
+    ckpt["format"] = 1                                          # a checkpoint of an older train.py
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit, match="another version of train.py"):
+        train.train(out_dir=str(tmp_path), resume=True)
+    ckpt["format"] = train.CHECKPOINT_FORMAT
+    ckpt["model"].pop("wte.weight")                             # weights that do not fit the model
+    torch.save(ckpt, tmp_path / "ckpt.pt")
+    with pytest.raises(SystemExit, match="does not fit this version's model"):
+        train.train(out_dir=str(tmp_path), resume=True)
     (tmp_path / "ckpt.pt").write_bytes(b"not a checkpoint")
     with pytest.raises(SystemExit, match="corrupt"):
-        train.train(**dict(kw, resume=True, max_iters=4))
+        train.train(out_dir=str(tmp_path), resume=True)
 
 
 def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeypatch):
@@ -204,7 +214,7 @@ def test_nan_loss_stops_and_keeps_last_good_checkpoint(corpus, tmp_path, monkeyp
         return logits, loss
 
     monkeypatch.setattr(GPT, "forward", poisoned)
-    with pytest.raises(train.TrainingDiverged, match="step 6.*last good checkpoint"):
+    with pytest.raises(train.TrainingDiverged, match=r"step 6.*this run's last good checkpoint \(step 4\)"):
         train.train(**kw)
     ckpt = torch.load(tmp_path / "ckpt.pt", weights_only=True)
     assert ckpt["step"] == 4 and all(torch.isfinite(v).all() for v in ckpt["model"].values())
