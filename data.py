@@ -106,8 +106,19 @@ def user_documents(path: str) -> list[str]:
         raise ValueError(f"--data={path}: no such file or folder")
     docs = []
     for f in files:
-        with open(f, encoding="utf-8", errors="replace") as fh:
-            docs.append(fh.read())
+        try:
+            with open(f, "rb") as fh:
+                raw = fh.read()
+        except OSError as e:
+            raise ValueError(f"--data={path}: cannot read {f}: {e.strerror}") from None
+        # a binary file (an executable, an image, a zip) must not train silently as "text"
+        nul = raw.find(b"\0")
+        if nul >= 0:
+            raise ValueError(f"--data={path}: {f} is not text (a NUL byte at position {nul})")
+        try:
+            docs.append(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--data={path}: {f} is not UTF-8 text (invalid byte at position {e.start})") from None
     if sum(len(d) for d in docs) < 100:
         raise ValueError(f"--data={path}: too little text ({sum(len(d) for d in docs)} characters)")
     return docs
@@ -180,8 +191,15 @@ def unigram_loss(folder: str) -> float:
 
 
 if __name__ == "__main__":
-    src = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--data=")), "shakespeare")
-    folder = prepare(src)
+    import argparse
+    parser = argparse.ArgumentParser(description="Tokenise a corpus into the data cache and print its size and "
+                                                 "unigram baseline")
+    parser.add_argument("--data", default="shakespeare", help="shakespeare | kjv | all | path to a .txt file or folder")
+    args = parser.parse_args()
+    try:
+        folder = prepare(args.data)
+    except (ValueError, OSError) as e:
+        sys.exit(f"error: {e}")
     tr, va = load_split(folder, "train"), load_split(folder, "val")
     print(f"{folder}: train {len(tr):,} tokens, val {len(va):,} tokens, unigram val loss {unigram_loss(folder):.3f}")
     print(repr(get_tokenizer().decode(tr[:60].tolist())))

@@ -354,6 +354,9 @@ class GPT(nn.Module):
 
 
 if __name__ == "__main__":
+    import argparse
+    argparse.ArgumentParser(description="Build a few model.Config variants and print their parameter counts "
+                                        "(train.py's --help lists every Config field)").parse_args()
     for cfg in (Config(), Config(pattern="KKKA"), Config(residual="attnres_block")):
         try:
             m = GPT(cfg)

@@ -202,10 +202,10 @@ def check_config(cfg: TrainConfig):
     need(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1, "--beta1 and --beta2 must be in [0, 1)")
     need(0 <= cfg.vision_ratio <= 1 and 0 <= cfg.vision_start <= 1, "--vision_ratio and --vision_start are fractions in [0, 1]")
     need(cfg.model.rope_theta > 0 and cfg.model.norm_eps > 0, "--rope_theta and --norm_eps must be positive")
-    need(cfg.model.vocab_size >= 50260, f"--vocab_size={cfg.model.vocab_size}: the GPT-2 tokenizer and the image "
-         "tokens need >= 50260")
     if cfg.vision_ratio > 0:
         import vision
+        need(cfg.model.vocab_size > vision.IMAGE_PAD, f"--vocab_size={cfg.model.vocab_size}: image rows use token ids "
+             f"up to {vision.IMAGE_PAD} (GPT-2's vocabulary and three image tokens)")
         names = vision_task_names(cfg)
         bad = sorted(set(names) - set(vision.TASKS))
         need(not bad and bool(names), f"--vision_tasks={cfg.vision_tasks}: unknown {bad}; use all or a comma list of "
@@ -570,6 +570,9 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world
     if len(val_tokens) <= T + 1 or len(train_tokens) <= T + 1:
         raise SystemExit(f"error: --data={cfg.data} has too few tokens for block_size={T} "
                          f"(train {len(train_tokens)}, val {len(val_tokens)})")
+    largest = int(max(train_tokens.max(), val_tokens.max()))
+    if largest >= cfg.model.vocab_size:
+        raise SystemExit(f"error: --data={cfg.data} holds token id {largest}, beyond --vocab_size={cfg.model.vocab_size}")
     try:
         model = GPT(cfg.model).to(device)
     except ValueError as e:

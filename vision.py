@@ -31,7 +31,7 @@ dimension d, 2-D RoPE rotates the pairs (q_i, q_{i+d/2}) by angle r w_i for i < 
 for d/4 <= i < d/2 (w_j = base^(-j/(d/4))), so q . k depends on (r_q - r_k, c_q - c_k) only. An
 image of H x W pixels costs ceil(H / 2p) * ceil(W / 2p) tokens in the language model.
 
-Run: `python vision.py` writes out/vision_samples.png (a grid of samples with questions and answers)
+Run: `python vision.py` writes out/vision/vision_samples.png (a grid of samples with questions and answers)
 and prints how many image tokens each resolution costs.
 
 API for train.py (the only entry points it needs):
@@ -587,23 +587,30 @@ class VisionTasks:
 
 def main():
     import matplotlib
+    import argparse
+    parser = argparse.ArgumentParser(description="Draw samples of the procedural image-text tasks and print what "
+                                                 "each image size costs in language-model tokens.")
+    parser.add_argument("--seed", type=int, default=0, help="task generator seed")
+    parser.add_argument("--out_dir", default="out/vision", help="where vision_samples.png goes")
+    args = parser.parse_args()
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    os.makedirs("out", exist_ok=True)
+    os.makedirs(args.out_dir, exist_ok=True)
     print("| image H x W | patches (p=4) | LM tokens after 2x2 merge |")
     print("|---|---|---|")
     for H, W in SIZES + ((64, 64), (224, 224)):
         rows, cols = patch_grid(H, W, 4)
         print(f"| {H} x {W} | {rows} x {cols} = {rows * cols} | {image_token_count(H, W, 4)} |")
-    examples = [make_example(0, "train", i) for i in range(16)]
+    examples = [make_example(args.seed, "train", i) for i in range(16)]
     fig, axes = plt.subplots(4, 4, figsize=(12, 13))
     for ax, ex in zip(axes.flat, examples):
         ax.imshow(ex["image"].transpose(1, 2, 0), interpolation="nearest")
         ax.set_title(f"{ex['question']}\n-> {ex['answer']}", fontsize=8)
         ax.set_xticks([]), ax.set_yticks([])
     fig.tight_layout()
-    fig.savefig("out/vision_samples.png", dpi=110)
-    print("wrote out/vision_samples.png; text twin of the first sample:", scene_text(examples[0]["scene"]))
+    path = os.path.join(args.out_dir, "vision_samples.png")
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}; text twin of the first sample:", scene_text(examples[0]["scene"]))
 
 
 if __name__ == "__main__":

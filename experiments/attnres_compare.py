@@ -12,10 +12,10 @@ queries start at zero, the key gains at one), then reports:
   - the depth-attention heatmaps of the trained AttnRes models (paper Fig. 8) and the loss curves.
 
     python experiments/attnres_compare.py                      # CPU-sized default (minutes)
-    python experiments/attnres_compare.py --iters=2000 --n_layer=8 --n_embd=512 --block_size=512
+    python experiments/attnres_compare.py --steps=2000 --n_layer=8 --n_embd=512 --block_size=512
                                                                 # a GPU-sized run
 
-Outputs under --out (default out/attnres_compare/): results.md, results.json, loss.png,
+Outputs under --out_dir (default out/attnres_compare/): results.md, results.json, loss.png,
 heatmap_attnres_block.png, heatmap_attnres_full.png, and one training folder per variant.
 """
 import argparse
@@ -37,8 +37,8 @@ import train  # noqa: E402
 
 
 def parse_args():
-    p = argparse.ArgumentParser(description="standard vs block vs full AttnRes")
-    p.add_argument("--iters", type=int, default=150)
+    p = argparse.ArgumentParser(description="standard vs block vs full AttnRes", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--steps", type=int, default=150, help="training steps per variant")
     p.add_argument("--n_layer", type=int, default=4)
     p.add_argument("--n_embd", type=int, default=64)
     p.add_argument("--n_head", type=int, default=4)
@@ -51,7 +51,7 @@ def parse_args():
     p.add_argument("--timing_reps", type=int, default=5)
     p.add_argument("--optimizer", default="muonclip", help="muonclip | muon | adamw (train.py's choices)")
     p.add_argument("--seed", type=int, default=1337, help="one seed for all three variants")
-    p.add_argument("--out", default=os.path.join(ROOT, "out", "attnres_compare"))
+    p.add_argument("--out_dir", default=os.path.join(ROOT, "out", "attnres_compare"), help="output folder")
     return p.parse_args()
 
 
@@ -82,7 +82,7 @@ def controlled_step_times(configs: dict, batch_size: int, reps: int, device: str
 def depth_weights(out_dir: str, batch_size: int, device: str):
     """Token-averaged depth-attention weights of a trained checkpoint on validation text."""
     ckpt = torch.load(os.path.join(out_dir, "ckpt.pt"), map_location=device, weights_only=True)
-    cfg = model.config_from_dict(ckpt["model_config"])
+    cfg = model.config_from_dict(ckpt["run_config"]["model"])
     net = model.GPT(cfg).to(device)
     net.load_state_dict(ckpt["model"])
     net.eval()
@@ -101,7 +101,7 @@ def plot_curves(results: dict, path: str):
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for name, r in results.items():
         h = r["history"]
-        axes[0].plot([e["step"] for e in h], [e["train_loss"] for e in h], label=name)
+        axes[0].plot([e["step"] for e in h], [e["batch_loss"] for e in h], label=name)
         ev = [e for e in h if "val_loss" in e]
         axes[1].plot([e["step"] for e in ev], [e["val_loss"] for e in ev], "o-", label=name)
     for ax, title in zip(axes, ("train loss (batch)", "val loss")):
@@ -114,19 +114,20 @@ def plot_curves(results: dict, path: str):
 
 def main():
     args = parse_args()
-    os.makedirs(args.out, exist_ok=True)
+    os.makedirs(args.out_dir, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    common = dict(max_iters=args.iters, warmup_iters=max(1, args.iters // 10),
-                  eval_interval=max(1, args.iters // 3), eval_iters=args.eval_iters, log_interval=10,
-                  ckpt_interval=args.iters, sample_tokens=0, seed=args.seed, optimizer=args.optimizer, lr=args.lr,
+    common = dict(max_iters=args.steps, warmup_iters=max(1, args.steps // 10),
+                  eval_interval=max(1, args.steps // 3), eval_iters=args.eval_iters, log_interval=10,
+                  ckpt_interval=args.steps, sample_tokens=0, seed=args.seed, optimizer=args.optimizer, lr=args.lr,
                   batch_size=args.batch_size, grad_accum=1, n_layer=args.n_layer, n_embd=args.n_embd,
-                  n_head=args.n_head, block_size=args.block_size, pattern=args.pattern)
+                  n_head=args.n_head, block_size=args.block_size, pattern=args.pattern, vision_ratio=0.0)
     variants = {"standard": {}, "attnres_block": {"attnres_block_size": args.attnres_block_size},
                 "attnres_full": {}}
     results, wall = {}, {}
     for name, extra in variants.items():
         t0 = time.time()
-        results[name] = train.train(residual=name, out_dir=os.path.join(args.out, name), **common, **extra)
+        results[name] = train.train(residual=name, out_dir=os.path.join(args.out_dir, name), overwrite=True,
+                                    **common, **extra)
         wall[name] = time.time() - t0
 
     configs = {name: train.make_config({"residual": name, **common, **extra}, device == "cuda").model
@@ -135,19 +136,19 @@ def main():
 
     heatmaps = {}
     for name in ("attnres_block", "attnres_full"):
-        weights, cfg = depth_weights(os.path.join(args.out, name), args.batch_size, device)
+        weights, cfg = depth_weights(os.path.join(args.out_dir, name), args.batch_size, device)
         names = [f"{l // 2}{'.mix' if l % 2 == 0 else '.mlp'}" for l in range(2 * cfg.n_layer)]
         kind = (f"Block AttnRes (block size {cfg.attnres_block_size}; columns = block sums)"
                 if name == "attnres_block" else "Full AttnRes (columns = sublayer outputs)")
         heatmaps[name] = attnres.plot_depth_attention(
-            weights, os.path.join(args.out, f"heatmap_{name}.png"),
-            title=f"{kind}\nafter {args.iters} steps, val text average", sublayer_names=names)
-    plot_curves(results, os.path.join(args.out, "loss.png"))
+            weights, os.path.join(args.out_dir, f"heatmap_{name}.png"),
+            title=f"{kind}\nafter {args.steps} steps, val text average", sublayer_names=names)
+    plot_curves(results, os.path.join(args.out_dir, "loss.png"))
 
     base = results["standard"]["final_val_loss"]
     lines = [f"device: {device}; {args.n_layer} layers ({2 * args.n_layer} sublayers), d={args.n_embd}, "
-             f"context {args.block_size}, batch {args.batch_size}, {args.iters} steps "
-             f"({args.iters * args.batch_size * args.block_size} tokens), pattern {args.pattern}, "
+             f"context {args.block_size}, batch {args.batch_size}, {args.steps} steps "
+             f"({args.steps * args.batch_size * args.block_size} tokens), pattern {args.pattern}, "
              f"{args.optimizer}, seed {args.seed}", "",
              "| variant | final val loss | vs standard | train tok/s (median of log) | fwd+bwd step (controlled) "
              "| step overhead | wall s |",
@@ -163,12 +164,12 @@ def main():
                      f"{1e3 * step_s[name]:.1f} ms | {over:+.1f}% | {wall[name]:.0f} |")
     text = "\n".join(lines)
     print("\n" + text)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
+    with open(os.path.join(args.out_dir, "results.md"), "w") as f:
         f.write(text + "\n")
-    with open(os.path.join(args.out, "results.json"), "w") as f:
+    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
         json.dump({"args": vars(args), "summary": summary,
                    "history": {k: r["history"] for k, r in results.items()}}, f, indent=1)
-    print("wrote", ", ".join([os.path.join(args.out, n) for n in ("results.md", "loss.png")] + list(heatmaps.values())))
+    print("wrote", ", ".join([os.path.join(args.out_dir, n) for n in ("results.md", "loss.png")] + list(heatmaps.values())))
 
 
 if __name__ == "__main__":

@@ -33,11 +33,11 @@ def layer_params(model: GPT) -> int:
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--epochs", type=float, default=0.0, help="epochs of the slice (default: the GPU default's)")
-    p.add_argument("--eval_interval", type=int, default=40)
-    p.add_argument("--seed", type=int, default=1337)
-    p.add_argument("--out_dir", default="out/epoch_proxy")
+    p.add_argument("--eval_interval", type=int, default=40, help="steps between evaluations")
+    p.add_argument("--seed", type=int, default=1337, help="init, data order and image rows")
+    p.add_argument("--out_dir", default="out/epoch_proxy", help="output folder")
     args = p.parse_args()
 
     gpu = train.make_config({}, cuda=True)

@@ -45,7 +45,7 @@ ARMS = (("early", 0.1, 0.0), ("mid", 0.2, 0.5), ("late", 0.5, 0.8))   # (name, v
 
 
 def parse():
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=300, help="pre-training steps per arm")
     p.add_argument("--ft_steps", type=int, default=100, help="steps of each fine-tune (experiments 2 and 3)")
     p.add_argument("--batch_size", type=int, default=10, help="rows per step; 10 makes 10/20/50%% whole rows")
@@ -66,9 +66,9 @@ def parse():
     p.add_argument("--eval_every", type=int, default=30)
     p.add_argument("--n_eval", type=int, default=60, help="val questions per accuracy")
     p.add_argument("--data", default="shakespeare")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="init, data order and image rows")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
-    p.add_argument("--out_dir", default="out/fusion_timing")
+    p.add_argument("--out_dir", default="out/fusion_timing", help="output folder")
     return p.parse_args()
 
 

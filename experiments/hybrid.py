@@ -15,9 +15,9 @@ nothing about the Triton path's speed; the model is tiny, the run short, and the
 re-indexed to its 4095 most frequent GPT-2 tokens (experiments/muon_vs_adamw.py, compact_corpus) so
 that the output head does not dominate the time.
 
-    nice python experiments/hybrid.py                 # ~8 min on 2 busy CPU cores; out/experiments/hybrid.{png,md}
-    nice python experiments/hybrid.py --steps=400 --eval_every=50 --tag=_400     # ~18 min
-    nice python experiments/hybrid.py --arms=KKKA:rope,A:nope --tag=_diag        # position-encoding controls
+    nice python experiments/hybrid.py                 # ~8 min on 2 busy CPU cores; out/hybrid/hybrid.{png,md}
+    nice python experiments/hybrid.py --steps=400 --eval_every=50 --out_dir=out/hybrid_400     # ~18 min
+    nice python experiments/hybrid.py --arms=KKKA:rope,A:nope --out_dir=out/hybrid_diag        # position-encoding controls
     python experiments/hybrid.py --gpu --steps=2000   # CUDA: larger model, Triton KDA (not yet run on a GPU)
 """
 import argparse
@@ -36,7 +36,7 @@ import train  # noqa: E402
 from model import GPT  # noqa: E402
 from muon_vs_adamw import compact_corpus  # noqa: E402
 
-OUT = os.path.join(ROOT, "out", "experiments")
+OUT = os.path.join(ROOT, "out", "hybrid")
 ARM_NAMES = {"A": "full attention", "KKKA": "hybrid 3:1", "K": "pure KDA"}
 
 
@@ -66,10 +66,10 @@ def matched_mlp_hidden(settings: dict, target: int, cuda: bool) -> int:
     return max(8, int(round((256 + (target - p1) / per_unit) / 8)) * 8)
 
 
-def run(name: str, pattern: str, rope: str, common: dict, steps: int, eval_every: int, tag: str) -> dict:
-    out_dir = os.path.join(OUT, "hybrid" + tag, pattern + ("" if rope == "auto" else "_" + rope))
+def run(name: str, pattern: str, rope: str, common: dict, steps: int, eval_every: int, out_root: str) -> dict:
+    out_dir = os.path.join(out_root, pattern + ("" if rope == "auto" else "_" + rope))
     t0 = time.time()
-    res = train.train(out_dir=out_dir, pattern=pattern, rope=rope, max_iters=steps, warmup_iters=max(1, steps // 20),
+    res = train.train(out_dir=out_dir, overwrite=True, pattern=pattern, rope=rope, max_iters=steps, warmup_iters=max(1, steps // 20),
                       eval_interval=eval_every, log_interval=eval_every, ckpt_interval=10 ** 9, **common)
     evals = [(h["tokens"], h["val_loss"]) for h in res["history"] if "val_loss" in h]
     # tokens/s over the logged windows, skipping the first (warm-up: allocator, kernel compilation)
@@ -84,15 +84,15 @@ def run(name: str, pattern: str, rope: str, common: dict, steps: int, eval_every
 
 
 def main():
-    ap = argparse.ArgumentParser(description="hybrid 3:1 vs full attention vs pure KDA")
-    ap.add_argument("--steps", type=int, default=120)
-    ap.add_argument("--eval_every", type=int, default=20)
+    ap = argparse.ArgumentParser(description="hybrid 3:1 vs full attention vs pure KDA", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--steps", type=int, default=120, help="training steps per arm")
+    ap.add_argument("--eval_every", type=int, default=20, help="steps between val evaluations")
     ap.add_argument("--threads", type=int, default=1,
                     help="CPU threads (1: on a shared 2-core machine torch's 2 threads ran several times slower)")
     ap.add_argument("--gpu", action="store_true", help="use CUDA and a larger model (if available)")
     ap.add_argument("--optimizer", default="muonclip", help="muonclip | muon | adamw (train.py's choices)")
     ap.add_argument("--seed", type=int, default=1337, help="one seed (init and data order) for every arm")
-    ap.add_argument("--tag", default="", help="suffix for the output names, to keep several runs")
+    ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per arm)")
     ap.add_argument("--arms", default="A,KKKA,K", help="comma-separated patterns, each optionally :rope or :nope")
     args = ap.parse_args()
     cuda = args.gpu and torch.cuda.is_available()
@@ -103,7 +103,9 @@ def main():
     vocab = 4096
     size = (dict(n_layer=8, n_embd=512, n_head=8, block_size=512, batch_size=32) if cuda else
             dict(n_layer=4, n_embd=128, n_head=4, block_size=128, batch_size=8))
+    # standard residual, text only: the arms differ in the token mixer and nothing else
     common = dict(data=compact_corpus(vocab), vocab_size=vocab, tie_embeddings=False, grad_accum=1,
+                  residual="standard", vision_ratio=0.0,
                   eval_iters=8, sample_tokens=0, seed=args.seed, optimizer=args.optimizer,
                   device="cuda" if cuda else "cpu", **size)
 
@@ -111,7 +113,7 @@ def main():
     runs = []
     for name, pattern, rope in [parse_arm(spec) for spec in args.arms.split(",")]:
         mlp = matched_mlp_hidden({**common, "pattern": pattern}, target, cuda)
-        runs.append(run(name, pattern, rope, {**common, "mlp_hidden": mlp}, args.steps, args.eval_every, args.tag))
+        runs.append(run(name, pattern, rope, {**common, "mlp_hidden": mlp}, args.steps, args.eval_every, args.out_dir))
 
     import matplotlib
     matplotlib.use("Agg")
@@ -127,7 +129,7 @@ def main():
     bx.set_title("training tokens/s" + ("\n(CPU; KDA runs the PyTorch reference)" if not cuda else ""))
     bx.grid(alpha=0.3, axis="y")
     fig.tight_layout()
-    png = os.path.join(OUT, f"hybrid{args.tag}.png")
+    png = os.path.join(args.out_dir, "hybrid.png")
     fig.savefig(png, dpi=120)
 
     device = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} thread(s)"
@@ -144,10 +146,10 @@ def main():
         lines.append(f"| {r['name']} | {r['label']} | {r['n_params']:,} | {r['mlp_hidden']} | {r['final']:.4f} | "
                      f"{torch.tensor(r['final']).exp().item():.1f} | {r['tokens_per_s']:,.0f} |")
     lines += ["", "Paper (Kimi Linear Table 1, 1.3B scale): valid PPL 5.65 (3:1) vs 5.77 (pure MLA)."]
-    md = os.path.join(OUT, f"hybrid{args.tag}.md")
+    md = os.path.join(args.out_dir, "hybrid.md")
     with open(md, "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(OUT, f"hybrid{args.tag}.json"), "w") as f:
+    with open(os.path.join(args.out_dir, "hybrid.json"), "w") as f:
         json.dump(dict(runs=runs, steps=args.steps, size=size, device=device), f)
     print("\n".join(lines))
     print(f"wrote {png} and {md}")

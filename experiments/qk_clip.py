@@ -11,7 +11,7 @@ Runs: Muon without clip, MuonClip τ = 100 (K2's value) and τ = 30. Same model,
 What is logged each step is the max logit the forward pass saw, i.e. *before* that step's clip; after
 the clip it is at most τ by construction, and one update later it can sit a little above τ again.
 
-    nice python experiments/qk_clip.py                 # writes out/experiments/qk_clip.{png,md}
+    nice python experiments/qk_clip.py                 # writes out/qk_clip/qk_clip.{png,md}
 """
 import argparse
 import json
@@ -26,12 +26,14 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import train  # noqa: E402
-from muon_vs_adamw import OUT, compact_corpus, model_settings  # noqa: E402
+from muon_vs_adamw import compact_corpus, model_settings  # noqa: E402
+
+OUT = os.path.join(ROOT, "out", "qk_clip")
 
 
-def run(name, steps, eval_every, **kw):
+def run(name, steps, eval_every, out_root=OUT, **kw):
     t0 = time.time()
-    res = train.train(out_dir=os.path.join(OUT, "qk_clip", name), max_iters=steps, warmup_iters=max(1, steps // 20),
+    res = train.train(out_dir=os.path.join(out_root, name), overwrite=True, max_iters=steps, warmup_iters=max(1, steps // 20),
                       eval_interval=eval_every, log_interval=1, eval_iters=8, ckpt_interval=10 ** 9, **kw)
     hist = res["history"]
     out = dict(name=name, steps=[h["step"] for h in hist],
@@ -46,14 +48,19 @@ def run(name, steps, eval_every, **kw):
 
 def main():
     torch.set_num_threads(1)  # see muon_vs_adamw.py: 2 threads on the shared 2-core box ran ~7x slower
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--eval_every", type=int, default=25)
-    ap.add_argument("--lr", type=float, default=0.1)
-    ap.add_argument("--taus", default="100,30")
+    ap = argparse.ArgumentParser(description="QK-Clip on/off: max attention logits and val loss with Muon at a "
+                                             "deliberately high lr, without and with clipping at each tau",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--steps", type=int, default=300, help="training steps per run")
+    ap.add_argument("--eval_every", type=int, default=25, help="steps between val evaluations")
+    ap.add_argument("--lr", type=float, default=0.1, help="Muon lr, high enough to make logits run away")
+    ap.add_argument("--taus", default="100,30", help="comma-separated QK-Clip thresholds")
+    ap.add_argument("--seed", type=int, default=1337, help="init and data order, the same for every run")
+    ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per run)")
     args = ap.parse_args()
     settings = model_settings(4096)
-    settings.update(n_layer=2, n_head=2, data=compact_corpus(4096), lr=args.lr, weight_decay=0.0)
+    settings.update(n_layer=2, n_head=2, data=compact_corpus(4096), lr=args.lr, weight_decay=0.0, seed=args.seed,
+                    out_root=args.out_dir)
     runs = [run("muon_no_clip", args.steps, args.eval_every, optimizer="muon", **settings)]
     taus = [float(t) for t in args.taus.split(",")]
     for tau in taus:
@@ -75,7 +82,7 @@ def main():
     ax2.grid(alpha=0.3)
     fig.suptitle(f"QK-Clip on/off: Muon lr {args.lr:g}, 2 layers, 2 heads x 64, no QK-norm, wd 0 (CPU)")
     fig.tight_layout()
-    png = os.path.join(OUT, "qk_clip.png")
+    png = os.path.join(args.out_dir, "qk_clip.png")
     fig.savefig(png, dpi=120)
 
     lines = [f"QK-Clip on/off: 2 layers, d=128, 2 heads of 64 dims, T=64, batch 16, vocab 4096 (compact "
@@ -85,10 +92,10 @@ def main():
     for r in runs:
         lines.append(f"| {r['name']} | {max(r['max_logit']):.1f} | {max(r['max_logit'][-50:]):.1f} | "
                      f"{sum(c > 0 for c in r['clipped'])} | {r['final']:.4f} |")
-    md = os.path.join(OUT, "qk_clip.md")
+    md = os.path.join(args.out_dir, "qk_clip.md")
     with open(md, "w") as f:
         f.write("\n".join(lines) + "\n")
-    with open(os.path.join(OUT, "qk_clip.json"), "w") as f:
+    with open(os.path.join(args.out_dir, "qk_clip.json"), "w") as f:
         json.dump(runs, f)
     print("\n".join(lines))
     print(f"wrote {png} and {md}")

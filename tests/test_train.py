@@ -13,7 +13,7 @@ from model import GPT, Config
 # the plain baseline at a tiny size; tests of the default feature set say so explicitly
 TINY = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, batch_size=4, grad_accum=2, eval_iters=2,
             eval_interval=1000, log_interval=1, sample_tokens=0, warmup_iters=2, lr=3e-3, device="cpu",
-            pattern="A", residual="standard", vision_ratio=0.0)
+            pattern="A", residual="standard", vision_ratio=0.0, threads=1)
 
 
 @pytest.fixture(scope="module")
