@@ -89,10 +89,11 @@ class TrainConfig:
 
 
 # Without a GPU: the same ideas (KKKA, block AttnRes, image rows from step 0, MuonClip) at a size two
-# CPU cores train in about four minutes. Image rows use the two tasks a model this small learns in time.
-CPU_DEFAULTS = dict(data="shakespeare", batch_size=8, grad_accum=1, max_iters=400, warmup_iters=30,
-                    eval_interval=100, eval_iters=10, ckpt_interval=200, lr=2e-3, sample_tokens=100,
-                    vision_ratio=0.25, vision_tasks="color_one,side_one",
+# CPU cores train in about four minutes. Image rows use the two one-shape tasks, which a model this small
+# learns within the run (measured: lr 4e-3 reaches 0.97 image accuracy at step 200, 8e-3 only 0.67).
+CPU_DEFAULTS = dict(data="shakespeare", batch_size=10, grad_accum=1, max_iters=200, warmup_iters=20,
+                    eval_interval=50, eval_iters=5, ckpt_interval=100, lr=4e-3, sample_tokens=100,
+                    vision_ratio=0.2, vision_tasks="color_one,side_one",
                     block_size=128, n_layer=4, n_head=4, n_embd=128, tie_embeddings=True,
                     vision_patch_size=8, vision_n_embd=64, vision_n_layer=1, vision_n_head=4)
 
@@ -269,8 +270,11 @@ def parse_args(argv: list[str]) -> dict:
                         help="the same as --max_iters (the project's scripts share --steps)")
     args, unknown = parser.parse_known_args(argv)
     if unknown:
-        raise SystemExit(f"error: unknown argument(s) {' '.join(unknown)}; valid keys: {', '.join(sorted(types))} "
-                         "(python train.py --help explains each)")
+        import difflib
+        names = [a.lstrip("-").split("=")[0] for a in unknown]
+        close = [m for n in names for m in difflib.get_close_matches(n, list(types) + list(ALIASES), n=1)]
+        hint = f" (did you mean {', '.join('--' + c for c in close)}?)" if close else ""
+        raise SystemExit(f"error: unknown argument(s) {' '.join(unknown)}{hint}; python train.py --help lists every key")
     return vars(args)
 
 

@@ -230,7 +230,10 @@ def _ddp_worker(rank, world, port, kw, queue):
 
 
 def test_ddp_two_processes_match_single_process(corpus, tmp_path):
-    kw = dict(TINY, data=corpus, max_iters=5, grad_accum=2)
+    """A vision run: the two processes draw different image rows (micro-batches 0 and 1 of each step),
+    and together train exactly what one process trains with twice the accumulation."""
+    kw = dict(TINY, data=corpus, max_iters=5, grad_accum=2, vision_ratio=0.5, vision_tasks="color_one,side_one",
+              vision_patch_size=8, vision_n_embd=16, vision_n_layer=1, vision_n_head=2, vision_eval_n=4)
     single = train.train(**kw, out_dir=str(tmp_path / "single"))
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
