@@ -70,7 +70,7 @@ class TrainConfig:
     qk_clip_tau: float = 100.0         # QK-Clip threshold (muonclip only)
     schedule: str = "cosine"           # cosine | wsd (warmup, stable, linear decay over the last 20%)
     warmup_iters: int = 50             # linear warmup steps
-    max_iters: int = 500               # length of the schedule: 500 x 16,384 tokens = 8.2M = ~3.6 epochs of `all`
+    max_iters: int = 300               # length of the schedule: 300 x 16,384 tokens = 4.9M = 2.2 epochs of `all`
     stop_iter: int = 0                 # stop early at this step (0 = max_iters); resume continues
     # system
     device: str = "auto"               # auto | cuda | cpu

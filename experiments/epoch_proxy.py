@@ -1,8 +1,8 @@
 """Will the default GPU run overfit? A scaled-down CPU proxy of its data regime.
 
 The GPU default (train.py, `make_config({}, cuda=True)`) trains the 8-layer, 512-wide model on the
-bundled corpora (`--data=all`, 2.28M training tokens) for 500 steps of 16,384 tokens: 8.2M tokens,
-3.6 epochs, 0.30 tokens per parameter of the layers (the embedding and output head excluded). This
+bundled corpora (`--data=all`, 2.28M training tokens) for 300 steps of 16,384 tokens: 4.9M tokens,
+2.2 epochs, 0.18 tokens per parameter of the layers (the embedding and output head excluded). This
 script keeps both ratios and shrinks everything else to the CPU default model: it cuts the start of
 Shakespeare to a corpus whose training split the CPU model sees 3.6 times in the same number of tokens
 per layer parameter, trains the CPU default on it, evaluates often, and reports whether text
@@ -64,7 +64,7 @@ def main() -> int:
     print(f"proxy: CPU default model, {steps} steps x {tokens_per_step} tokens = {steps * tokens_per_step / 1e6:.3f}M "
           f"tokens, {epochs:.2f} epochs of a {len(ids):,}-token slice of Shakespeare ({path})")
     train.train(data=path, max_iters=steps, eval_interval=args.eval_interval, ckpt_interval=steps,
-                sample_tokens=0, seed=args.seed, out_dir=args.out_dir, device="cpu")
+                sample_tokens=0, seed=args.seed, out_dir=args.out_dir, overwrite=True, device="cpu")
     here = os.path.dirname(os.path.abspath(__file__))
     return subprocess.call([sys.executable, os.path.join(here, "..", "tests", "summarize_run.py"),
                             os.path.join(args.out_dir, "log.jsonl")])
