@@ -307,7 +307,9 @@ def test_mixed_batch_through_gpt(tasks):
 
 
 class _Oracle(torch.nn.Module):
-    """Cheats with the targets evaluate() hands in: logits peaked on the right (or a wrong) token."""
+    """Reads the answer off its own input: evaluate() feeds each example without its last token (the
+    closing EOT) and pads shorter rows with EOT, so "the next input token, and EOT after the last one"
+    is exactly the right prediction at every position (wrong=True shifts it to a wrong token)."""
 
     def __init__(self, wrong=False):
         super().__init__()
@@ -315,9 +317,8 @@ class _Oracle(torch.nn.Module):
         self.wrong = wrong
 
     def forward(self, idx, targets=None, images=None):
-        logits = torch.zeros(*idx.shape, 50304)
-        tgt = targets.clamp(min=0) + (1 if self.wrong else 0)
-        return logits.scatter(2, tgt[..., None], 1.0), None
+        nxt = torch.cat([idx[:, 1:], torch.full_like(idx[:, :1], vision.EOT)], dim=1) + (1 if self.wrong else 0)
+        return torch.zeros(*idx.shape, 50304).scatter(2, nxt[..., None], 1.0), None
 
 
 def test_evaluate_is_exact_match(tasks):
