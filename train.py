@@ -733,6 +733,9 @@ def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, wo
                 last_ckpt, window["t0"] = step, time.time()
             if master and is_log:
                 window = dict(t0=time.time(), busy=0.0, steps=0, tokens=0, flops=0)
+            elif master and sys.stdout.isatty():   # between log lines, a bar that the next line overwrites
+                filled = int(30 * step / stop)
+                print(f"\r[{'#' * filled}{'.' * (30 - filled)}] step {step}/{stop}", end="", flush=True)
             if interrupted:
                 break
     if master:
@@ -837,7 +840,8 @@ def describe_run(run: Run, tokens_per_step: int, peak_note: str) -> str:
 
 def print_progress(rec: dict, stop: int, eta: float):
     mfu = f" | mfu {rec['mfu'] * 100:.1f}%" if rec["mfu"] is not None else ""
-    print(f"step {rec['step']:>{len(str(stop))}}/{stop} | loss {rec['batch_loss']:.4f} | lr {rec['lr']:.2e} | "
+    clear = "\r\033[K" if sys.stdout.isatty() else ""      # erase the progress bar, if one is drawn
+    print(f"{clear}step {rec['step']:>{len(str(stop))}}/{stop} | loss {rec['batch_loss']:.4f} | lr {rec['lr']:.2e} | "
           f"{rec['tokens_per_s']:,.0f} tok/s{mfu} | {format_seconds(rec['elapsed_s'])} elapsed, ETA {format_seconds(eta)}",
           flush=True)
 
