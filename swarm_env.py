@@ -153,7 +153,7 @@ def item_f1(answer: dict, gold: dict) -> float:
 @dataclass
 class EnvConfig:
     critical_budget: int = 40      # episode limit in critical steps (K2.5 constrains by these, not total)
-    sub_step_budget: int = 16      # each sub-agent's step cap: ~4-5 items, so wide tasks must be split
+    sub_step_budget: int = 24      # each sub-agent's step cap: 6-12 items, so wide tasks must be split
     agents_per_main_step: int = 8  # reading back results: +1 orchestrator step per 8 sub-agents of a stage
     max_width: int = 48            # items per task at most (the protocol has number tokens up to this)
     max_agents: int = 16           # sub-agents per episode at most (agent-name tokens a0..a15)
