@@ -189,6 +189,9 @@ def test_reward_terms_on_crafted_episodes():
     r = parl_reward(_episode(f1=1.0, n_created=64, n_assigned=64, n_finished=16), 0.2, 0.4, n_cap=16)
     assert r["r_parallel"] == 1.0 and r["r_finish"] == pytest.approx(0.25)
     assert parl_reward(_episode(f1=0.9, success=1.0), 0, 0, perf="success")["r"] == 1.0
+    # agents created but never given a task count as unfinished (spawning idle agents does not pay r_finish)
+    idle = dict(_episode(n_created=10, n_assigned=2, n_finished=2), n_idle=8)
+    assert parl_reward(idle, 0.0, 1.0)["r_finish"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="perf"):
         parl_reward(_episode(), 0, 0, perf="bleu")
 
@@ -297,7 +300,7 @@ def test_a_scripted_token_stream_drives_the_runtime_to_the_same_trace_as_the_api
     assert ep["n_assigned"] == 4 and ep["n_finished"] == 3
     # the results came back as environment tokens, which the orchestrator did not write
     text = render(ep["tokens"], ep["is_action"])
-    assert "[<res>] [a0] [5] [<res>] [a1] [5] [<res>] [a3] [0] [@]" in text.replace("\n", " ")
+    assert "<wait> [<res> a0 5 <res> a1 5 <res> a3 0 @" in text
     assert sum(ep["is_action"]) == len(_stream(calls))
 
 
