@@ -393,11 +393,16 @@ class Episode:
                 self.frontier += 1
 
     def _reply(self, words: list) -> list:
+        ended = "<end>" in words
+        words = [w for w in words if w != "<end>"]
         if words and not self.done:
             words = words + ["@", str(min(self.t, MAX_NUM))]      # the clock: critical steps so far
+        if ended:
+            words.append("<end>")
         # the context ends the episode while it can still hold the longest reply (3 per agent + clock)
         room = 3 * self.cfg.max_agents + 8
-        if not self.done and (self.t >= self.cfg.critical_budget or len(self.tokens) + len(words) + room > self.max_len):
+        if not self.done and not ended and (self.t >= self.cfg.critical_budget
+                                            or len(self.tokens) + len(words) + room > self.max_len):
             words = words + ["<end>"]
         if "<end>" in words and not self.done:
             # cut off before <answer>: like a sub-agent stopped at its step limit, it submits nothing
@@ -863,10 +868,10 @@ def _arm_row(name: str, per_seed: list, single: list) -> str:
     return "| " + " | ".join(row) + " |"
 
 
-def run_experiment(out_dir: str = "out/swarm", seeds=(0,), steps: int = 60, sft_steps: int = 150,
-                   tasks_per_update: int = 8, group_size: int = 8, lr: float = 2e-3, sft_lr: float = 3e-3,
+def run_experiment(out_dir: str = "out/swarm", seeds=(0,), steps: int = 25, sft_steps: int = 80,
+                   tasks_per_update: int = 6, group_size: int = 6, lr: float = 3e-3, sft_lr: float = 3e-3,
                    serial_prior: float = 0.8, lambda1: float = 0.2, lambda2: float = 0.4, anneal_frac: float = 0.6,
-                   n_eval: int = 120):
+                   n_eval: int = 60):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -1000,19 +1005,19 @@ if __name__ == "__main__":
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--bench", action="store_true", help="runtime overhead with 100 concurrent sub-agents")
     parser.add_argument("--demo", action="store_true", help="print one episode written by the trained orchestrator")
-    parser.add_argument("--steps", type=int, default=60, help="PARL updates per trained arm")
-    parser.add_argument("--sft_steps", type=int, default=150, help="SFT steps (shared by the arms of a seed)")
+    parser.add_argument("--steps", type=int, default=25, help="PARL updates per trained arm")
+    parser.add_argument("--sft_steps", type=int, default=80, help="SFT steps (shared by the arms of a seed)")
     parser.add_argument("--seed", type=int, default=0, help="seed (for --demo: whose checkpoint to load)")
     parser.add_argument("--seeds", type=int, nargs="+", default=None, help="several seeds, one table (overrides --seed)")
-    parser.add_argument("--tasks_per_update", type=int, default=8)
-    parser.add_argument("--group_size", type=int, default=8, help="samples per task (group-mean baseline)")
-    parser.add_argument("--lr", type=float, default=2e-3, help="PARL learning rate (MuonClip)")
+    parser.add_argument("--tasks_per_update", type=int, default=6)
+    parser.add_argument("--group_size", type=int, default=6, help="samples per task (group-mean baseline)")
+    parser.add_argument("--lr", type=float, default=3e-3, help="PARL learning rate (MuonClip)")
     parser.add_argument("--sft_lr", type=float, default=3e-3)
     parser.add_argument("--serial_prior", type=float, default=0.8, help="SFT target weight on the trace's token")
     parser.add_argument("--lambda1", type=float, default=0.2, help="initial weight of r_parallel")
     parser.add_argument("--lambda2", type=float, default=0.4, help="initial weight of r_finish")
     parser.add_argument("--anneal_frac", type=float, default=0.6, help="lambdas reach 0 at this fraction of updates")
-    parser.add_argument("--n_eval", type=int, default=120, help="held-out tasks per seed")
+    parser.add_argument("--n_eval", type=int, default=60, help="held-out tasks per seed")
     parser.add_argument("--out_dir", default="out/swarm")
     args = parser.parse_args()
     if args.bench:
