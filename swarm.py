@@ -960,6 +960,8 @@ def run_experiment(out_dir: str = "out/swarm", seeds=(0,), steps: int = 25, sft_
 def timeline(episode: dict, width: int = 50) -> str:
     """The sub-agents' parallel timeline, stage by stage, in critical steps (one column per step)."""
     lines, t = [], 0
+    runs = [r for st in episode["trace"].stages for r in st.runs]
+    t0 = min((r.t_start for r in runs), default=0.0)     # wall clock, to show the runs really overlapped
     for i, st in enumerate(episode["trace"].stages):
         cost = st.critical_steps
         lines.append(f"stage {i}: orchestrator {st.main_steps} step(s), {len(st.runs)} sub-agent(s), "
@@ -968,8 +970,9 @@ def timeline(episode: dict, width: int = 50) -> str:
             items = r.task.get("entities") or []
             what = f"{len(items)} items" if r.task.get("kind") == "lookup" else f"{r.task.get('hops')} hops"
             bar = " " * min(t + st.main_steps, width) + "#" * min(r.steps, width)
+            wall = f"{(r.t_start - t0) * 1e3:4.0f}-{(r.t_end - t0) * 1e3:4.0f} ms"
             lines.append(f"   {r.agent:<4} {what:<9} {r.steps:>3} steps {'done' if r.finished and r.message else 'none'} "
-                         f"|{bar}")
+                         f"{wall} |{bar}")
         t += cost
     lines.append(f"critical steps {episode['critical']} (trace), total steps {episode['total']}, "
                  f"wall {episode['wall_s'] * 1e3:.0f} ms on the thread pool")
