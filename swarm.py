@@ -8,8 +8,8 @@ frozen; only the orchestrator learns, with
     r = lambda1 * r_parallel + lambda2 * r_finish + r_perf,      lambda1, lambda2 annealed to 0,
 
 and cost is counted in critical steps, sum over stages of (orchestrator steps + slowest sub-agent).
-Here the orchestrator is a `model.GPT` (2 layers, width 64: one Kimi Delta Attention layer and one
-attention layer, the project's hybrid), decoding tool calls as tokens through its own KV cache.
+Here the orchestrator is a `model.GPT` (2 attention layers, width 64, 118k parameters; pattern="KA"
+gives the project's KDA + attention hybrid), decoding tool calls as tokens through its own KV cache.
 
 1. Token protocol. A vocabulary of 84 tokens: specials, 16 agent names a0..a15, numbers 0..48.
 
@@ -47,9 +47,12 @@ attention layer, the project's hybrid), decoding tool calls as tokens through it
    g = 0 on pads), so a row decodes exactly as it would alone (tested). Finished rows leave the batch.
 
 3. Training in two stages. (a) SFT: traces of a single agent doing the work itself (`<self>` on
-   chunks of items, then `<answer>`), cross-entropy on the orchestrator's tokens only. The targets are
-   smoothed over the grammar's legal tokens (weight 1 - serial_prior), so the serial prior is strong
-   but not absolute: delegation has to be discovered, as in K2.5, which starts from a serial model.
+   chunks of items, then `<answer>` before the clock runs out), mixed with a share (format_frac = 15%)
+   of tool-format examples (random agent counts and roles, items cut into near-equal ranges: the
+   syntax of a split, not when or how much to split); cross-entropy on the orchestrator's tokens only.
+   The targets are smoothed over the grammar's legal tokens (weight 1 - serial_prior), so the serial
+   prior is strong but not absolute: delegation has to be discovered, as in K2.5, which starts from a
+   serial model.
    (b) PARL: K sampled episodes per task, parl_reward, group-relative advantages A = r - mean(r of the
    task's group) (no std normalisation), loss = -sum_e A_e * sum_{action tokens t} log p(token_t) / E,
    with prompt and environment tokens masked out; MuonClip (muonclip.py) as the optimizer.
@@ -67,7 +70,7 @@ attention layer, the project's hybrid), decoding tool calls as tokens through it
 Support modules: swarm_runtime.py (SwarmRuntime, critical steps), swarm_env.py (tasks, frozen scripted
 sub-agents, item-F1). The decoder is model.GPT.
 
-Run:  python swarm.py                 trains all arms for seed 0 on CPU (~7 min on 2 cores), writes out/swarm/
+Run:  python swarm.py                 trains all arms for seed 0 on CPU (~50 s of CPU time), writes out/swarm/
       python swarm.py --seeds 0 1 2   more seeds, one table
       python swarm.py --demo          one episode as the trained orchestrator wrote it, with its timeline
       python swarm.py --bench         runtime overhead with 100 concurrent sub-agents
@@ -975,7 +978,7 @@ def timeline(episode: dict, width: int = 50) -> str:
                          f"{wall} |{bar}")
         t += cost
     lines.append(f"critical steps {episode['critical']} (trace), total steps {episode['total']}, "
-                 f"wall {episode['wall_s'] * 1e3:.0f} ms on the thread pool")
+                 f"episode wall time {episode['wall_s'] * 1e3:.0f} ms (decoding included)")
     return "\n".join(lines)
 
 
