@@ -961,12 +961,21 @@ def run_experiment(out_dir: str = "out/swarm", seeds=(0,), steps: int = 25, sft_
 
 
 def timeline(episode: dict, width: int = 50) -> str:
-    """The sub-agents' parallel timeline, stage by stage, in critical steps (one column per step)."""
+    """The sub-agents' parallel timeline, stage by stage, in critical steps (one column per step).
+    Consecutive stages in which the orchestrator worked alone are shown as one line."""
     lines, t = [], 0
     runs = [r for st in episode["trace"].stages for r in st.runs]
     t0 = min((r.t_start for r in runs), default=0.0)     # wall clock, to show the runs really overlapped
+    alone = None                                         # [first stage, steps] of a run of solo stages
     for i, st in enumerate(episode["trace"].stages):
         cost = st.critical_steps
+        if not st.runs:
+            alone = alone or [i, t]
+            t += cost
+            continue
+        if alone:
+            lines.append(f"stages {alone[0]}-{i - 1}: the orchestrator alone, critical steps {alone[1]} -> {t}")
+            alone = None
         lines.append(f"stage {i}: orchestrator {st.main_steps} step(s), {len(st.runs)} sub-agent(s), "
                      f"critical steps {t} -> {t + cost}")
         for r in st.runs:
@@ -977,6 +986,9 @@ def timeline(episode: dict, width: int = 50) -> str:
             lines.append(f"   {r.agent:<4} {what:<9} {r.steps:>3} steps {'done' if r.finished and r.message else 'none'} "
                          f"{wall} |{bar}")
         t += cost
+    if alone:
+        lines.append(f"stages {alone[0]}-{len(episode['trace'].stages) - 1}: the orchestrator alone, "
+                     f"critical steps {alone[1]} -> {t}")
     lines.append(f"critical steps {episode['critical']} (trace), total steps {episode['total']}, "
                  f"episode wall time {episode['wall_s'] * 1e3:.0f} ms (decoding included)")
     return "\n".join(lines)
@@ -984,12 +996,17 @@ def timeline(episode: dict, width: int = 50) -> str:
 
 def demo(out_dir: str = "out/swarm", seed: int = 0):
     path = os.path.join(out_dir, f"orchestrator_seed{seed}.pt")
+    quick = os.path.join(out_dir, "orchestrator_quick.pt")
     if os.path.exists(path):
         model = load_checkpoint(path)
         print(f"loaded the trained orchestrator (PARL, annealed, seed {seed}) from {path}")
+    elif os.path.exists(quick):
+        model = load_checkpoint(quick)
+        print(f"loaded the quick demo orchestrator (SFT 60 steps + PARL 20 updates) from {quick}; "
+              f"`python swarm.py` trains the full one")
     else:
         print(f"no checkpoint at {path} (run `python swarm.py` first for the full one): training a quick one "
-              f"(SFT 60 steps + PARL 20 updates, about a minute)")
+              f"(SFT 60 steps + PARL 20 updates, about 20 s of CPU)")
         torch.set_num_threads(1)
         torch.manual_seed(seed)
         tasks = sample_tasks(random.Random(seed), 300)

@@ -78,7 +78,9 @@ def test_crashing_worker_is_an_unfinished_subagent():
 
 
 def test_subagents_overlap_in_time_on_the_thread_pool():
-    n, steps, sleep = 8, 4, 0.03                  # each worker waits ~0.12 s; serially 8x that
+    # each worker waits ~0.8 s (serially 8x that): long enough that all 8 start before one ends even
+    # when a loaded machine delays thread start-up
+    n, steps, sleep = 8, 4, 0.2
     rt = SwarmRuntime(sleepy_worker, executor="thread")
     t0 = time.perf_counter()
     for i in range(n):
