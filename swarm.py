@@ -780,14 +780,15 @@ class Progress:
 
 def run_seed(seed: int, out_dir: str, steps: int, sft_steps: int, tasks_per_update: int, group_size: int,
              lr: float, sft_lr: float, serial_prior: float, arms: dict, n_eval: int, progress: Progress,
-             cfg: EnvConfig = EnvConfig()):
+             format_frac: float = 0.15, cfg: EnvConfig = EnvConfig()):
     torch.manual_seed(seed)
     train_tasks = sample_tasks(random.Random(seed), 600, cfg=cfg)
     eval_tasks = sample_tasks(random.Random(10_000 + seed), n_eval, mix=(1 / 3, 1 / 3, 1 / 3), cfg=cfg)
     wide_eval = [t for t in eval_tasks if task_kind(t) == "wide"]
     base = GPT(orchestrator_config())
     t0 = time.time()
-    sft = train_sft(base, train_tasks, sft_steps, lr=sft_lr, serial_prior=serial_prior, seed=seed,
+    sft = train_sft(base, train_tasks, sft_steps, lr=sft_lr, serial_prior=serial_prior, format_frac=format_frac,
+                    seed=seed,
                     log=lambda s, n, loss: progress.tick(SFT_COST, f"seed {seed} SFT step {s + 1}/{n} loss {loss:.3f}"))
     print(f"seed {seed}: SFT {sft_steps} steps, loss {sft[0]:.3f} -> {sft[-1]:.3f}, {time.time() - t0:.0f} s", flush=True)
     state0 = {k: v.clone() for k, v in base.state_dict().items()}
@@ -874,7 +875,7 @@ def _arm_row(name: str, per_seed: list, single: list) -> str:
 def run_experiment(out_dir: str = "out/swarm", seeds=(0,), steps: int = 25, sft_steps: int = 80,
                    tasks_per_update: int = 6, group_size: int = 6, lr: float = 3e-3, sft_lr: float = 3e-3,
                    serial_prior: float = 0.8, lambda1: float = 0.2, lambda2: float = 0.4, anneal_frac: float = 0.6,
-                   n_eval: int = 60):
+                   n_eval: int = 60, format_frac: float = 0.15):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -888,7 +889,7 @@ def run_experiment(out_dir: str = "out/swarm", seeds=(0,), steps: int = 25, sft_
     all_results, all_hist, sft_curves = [], [], []
     for seed in seeds:
         res, hist, sft = run_seed(seed, out_dir, steps, sft_steps, tasks_per_update, group_size, lr, sft_lr,
-                                  serial_prior, arms, n_eval, progress)
+                                  serial_prior, arms, n_eval, progress, format_frac)
         for r in res.values():
             r["need"] = {x: budget_to_reach(r["wide"], x, 400) for x in TARGETS}
         all_results.append(res)
@@ -905,7 +906,8 @@ def run_experiment(out_dir: str = "out/swarm", seeds=(0,), steps: int = 25, sft_
     table = "\n".join(lines)
     oc = orchestrator_config()
     note = (f"LM orchestrator ({sum(p.numel() for p in GPT(oc).parameters()) / 1e3:.0f}k params, "
-            f"pattern {oc.pattern}, {oc.n_layer} layers, width {oc.n_embd}): SFT {sft_steps} steps (serial prior {serial_prior}), then PARL {steps} updates x "
+            f"pattern {oc.pattern}, {oc.n_layer} layers, width {oc.n_embd}): SFT {sft_steps} steps (serial prior {serial_prior}, "
+            f"{format_frac:.0%} tool-format examples), then PARL {steps} updates x "
             f"{tasks_per_update} tasks x {group_size} samples, lr {lr}, lambda1_0 {lambda1}, lambda2_0 {lambda2}, "
             f"anneal_frac {anneal_frac}; greedy eval on {n_eval} held-out tasks per seed (critical budget "
             f"{EnvConfig.critical_budget}). 'crit. steps to wide F1 x': the smallest budget at which the arm's mean "
@@ -1041,6 +1043,7 @@ if __name__ == "__main__":
     parser.add_argument("--lambda2", type=float, default=0.4, help="initial weight of r_finish")
     parser.add_argument("--anneal_frac", type=float, default=0.6, help="lambdas reach 0 at this fraction of updates")
     parser.add_argument("--n_eval", type=int, default=60, help="held-out tasks per seed")
+    parser.add_argument("--format_frac", type=float, default=0.15, help="share of tool-format examples in SFT")
     parser.add_argument("--out_dir", default="out/swarm")
     args = parser.parse_args()
     if args.bench:
@@ -1051,4 +1054,4 @@ if __name__ == "__main__":
     else:
         run_experiment(args.out_dir, tuple(args.seeds or [args.seed]), args.steps, args.sft_steps,
                        args.tasks_per_update, args.group_size, args.lr, args.sft_lr, args.serial_prior,
-                       args.lambda1, args.lambda2, args.anneal_frac, args.n_eval)
+                       args.lambda1, args.lambda2, args.anneal_frac, args.n_eval, args.format_frac)
