@@ -276,16 +276,24 @@ class KimiDeltaAttention(nn.Module):
                   self.g_a_proj, self.g_b_proj, self.o_proj):
             nn.init.normal_(m.weight, std=init_std)
 
-    def _short_conv(self, x, conv_state):
+    def _short_conv(self, x, conv_state, n_real=None):
         # x: [B,T,C] -> causal depthwise conv + SiLU; conv_state: the previous conv_size-1 inputs or None
+        # n_real [B]: real tokens per row (then pads); the new state is then the last inputs that were real
         x = x.transpose(1, 2)                                              # [B,C,T]
         if conv_state is None:
             conv_state = x.new_zeros(x.shape[0], x.shape[1], self.conv_size - 1)
         x = torch.cat([conv_state.to(x.dtype), x], dim=2)                 # [B,C,conv_size-1+T]
-        new_state = x[:, :, x.shape[2] - (self.conv_size - 1):]
+        if n_real is None:
+            new_state = x[:, :, x.shape[2] - (self.conv_size - 1):]
+        else:
+            idx = n_real[:, None] + torch.arange(self.conv_size - 1, device=x.device)   # [B,conv_size-1]
+            new_state = x.gather(2, idx[:, None, :].expand(-1, x.shape[1], -1))
         return F.silu(self.conv(x)).transpose(1, 2), new_state            # [B,T,C], [B,C,conv_size-1]
 
-    def forward(self, x, cache=None):
+    def forward(self, x, cache=None, valid=None):
+        """valid [B,T] bool (optional): each row's real tokens first, then pads (batched decoding of rows
+        of different lengths, see model.GPT.forward). Pads get beta = 0 and g = 0, so the state passes
+        them unchanged, and the conv state keeps the last real inputs."""
         if x.dim() != 3 or x.shape[-1] != self.d_model:
             raise ValueError(f"KimiDeltaAttention: x must be [B, T, {self.d_model}], got shape {tuple(x.shape)}")
         if cache is not None and not isinstance(cache, dict):
@@ -297,7 +305,7 @@ class KimiDeltaAttention(nn.Module):
             raise ValueError(f"KimiDeltaAttention: cache holds batch {cache_in['state'].shape[0]}, x has batch {B}")
 
         qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)   # [B,T,3·H·K]
-        qkv, conv_state = self._short_conv(qkv, cache_in.get("conv"))
+        qkv, conv_state = self._short_conv(qkv, cache_in.get("conv"), None if valid is None else valid.sum(1))
         q, k, v = qkv.view(B, T, 3, H, K).unbind(dim=2)                   # 3 × [B,T,H,K]
         # L2 norm in float32 (eps inside the root, as in the paper's kernels); keys of unit length keep
         # the delta rule's write (I − β k kᵀ) a contraction for β ∈ [0, 1]
@@ -306,6 +314,9 @@ class KimiDeltaAttention(nn.Module):
         gate_logits = self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, K)
         g = -self.A_log.exp()[:, None] * F.softplus(gate_logits + self.dt_bias.view(H, K))  # [B,T,H,K] ≤ 0
         beta = torch.sigmoid(self.b_proj(x).float())                       # [B,T,H]
+        if valid is not None:  # pads: no write (beta = 0), no decay (g = 0)
+            beta = beta * valid[:, :, None]
+            g = g * valid[:, :, None, None]
 
         if T == 1:  # a decoding step: one step of the recurrence, O(1) per token and no chunk padding
             o, state = kda_recurrent_ref(q, k, v, g, beta, None, cache_in.get("state"), cache is not None)

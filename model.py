@@ -101,6 +101,16 @@ def apply_rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
 
 
+def apply_rope_at(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    """apply_rope with a position per row and token: x [B, H, T, Dh], pos [B, T] (padded decoding)."""
+    Dh = x.shape[-1]
+    inv_freq = theta ** (-torch.arange(0, Dh // 2, device=x.device, dtype=torch.float32) / (Dh // 2))
+    angles = pos.float()[:, None, :, None] * inv_freq                      # [B, 1, T, Dh/2]
+    cos, sin = angles.cos(), angles.sin()
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
 def max_logit_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """Per (batch, query head) max over causal pairs of scale * q.k, from explicit logits.
 
@@ -131,7 +141,9 @@ class CausalSelfAttention(nn.Module):
         self.record_max_logit = False
         self.max_logit = None
 
-    def forward(self, x: torch.Tensor, cache: dict | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: dict | None = None, valid: torch.Tensor | None = None) -> torch.Tensor:
+        if valid is not None:
+            return self._forward_padded(x, cache, valid)
         B, T, _ = x.shape
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # [B, H, T, Dh]
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
@@ -158,6 +170,40 @@ class CausalSelfAttention(nn.Module):
             S = k.shape[2]
             mask = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=past)
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)              # [B, T, H*Dh]
+        return self.o_proj(y)
+
+    def _forward_padded(self, x: torch.Tensor, cache: dict, valid: torch.Tensor) -> torch.Tensor:
+        """Append a chunk whose rows hold different numbers of real tokens (batched episodes).
+
+        valid [B, T] bool: each row's real tokens first, then pads. Pad keys stay in the cache but are
+        masked out for every later query, and RoPE positions count real tokens only, so each row
+        decodes exactly as it would alone. Uses its own cache entries (pk, pv, pvalid, n_valid).
+        """
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # [B, H, T, Dh]
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        n_before = cache.get("n_valid", torch.zeros(B, dtype=torch.long, device=x.device))
+        if self.use_rope:
+            pos = n_before[:, None] + valid.long().cumsum(1) - 1                      # [B, T]
+            q, k = apply_rope_at(q, pos, self.rope_theta), apply_rope_at(k, pos, self.rope_theta)
+        key_valid = valid
+        if "pk" in cache:
+            k, v = torch.cat([cache["pk"], k], dim=2), torch.cat([cache["pv"], v], dim=2)
+            key_valid = torch.cat([cache["pvalid"], valid], dim=1)                    # [B, S]
+        cache["pk"], cache["pv"], cache["pvalid"] = k, v, key_valid
+        cache["n_valid"] = n_before + valid.sum(1)
+        if self.n_kv_head != self.n_head:
+            k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)             # [B, H, S, Dh]
+            v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
+        S = k.shape[2]
+        causal = torch.ones(T, S, dtype=torch.bool, device=x.device).tril(diagonal=S - T)
+        own = torch.zeros(T, S, dtype=torch.bool, device=x.device)
+        own[:, S - T:] = torch.eye(T, dtype=torch.bool, device=x.device)
+        # a pad query sees itself too, so no row of the mask is empty (its output is never read)
+        mask = (causal[None] & key_valid[:, None, :]) | own[None]                     # [B, T, S]
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None])
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)              # [B, T, H*Dh]
         return self.o_proj(y)
 
@@ -198,8 +244,10 @@ class Block(nn.Module):
         self.norm2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = SwiGLU(config)
 
-    def sublayers(self, cache: dict | None):
-        """The two sublayer functions, in order, each applying its own PreNorm."""
+    def sublayers(self, cache: dict | None, valid: torch.Tensor | None = None):
+        """The two sublayer functions, in order, each applying its own PreNorm (valid: see GPT.forward)."""
+        if valid is not None:
+            return [lambda h: self.mixer(self.norm1(h), cache, valid=valid), lambda h: self.mlp(self.norm2(h))]
         return [lambda h: self.mixer(self.norm1(h), cache), lambda h: self.mlp(self.norm2(h))]
 
 
@@ -246,7 +294,8 @@ class GPT(nn.Module):
     def attention_layers(self) -> list[CausalSelfAttention]:
         return [b.mixer for b in self.blocks if b.kind == "A"]
 
-    def forward(self, idx, targets=None, images=None, caches=None, return_weights=False, loss_only=False):
+    def forward(self, idx, targets=None, images=None, caches=None, return_weights=False, loss_only=False,
+                valid=None):
         """idx [B, T] token ids -> (logits [B, T, V], loss or None) (+ depth weights if asked).
 
         targets [B, T] with -1 where no loss is taken (image tokens, prompts, padding).
@@ -255,8 +304,18 @@ class GPT(nn.Module):
         loss_only: training's fast path: run the output head only where targets != -1 and return
         (None, loss). Image-text rows take a loss on a few answer tokens, so this skips most of the
         head's work on them (the head is the largest matmul of a small model with GPT-2's vocabulary).
+        valid [B, T] bool, with caches: rows of different lengths decoded together (swarm.py's batched
+            episodes). Each row's real tokens come first in the chunk, then pads; pads are masked out of
+            attention and leave KDA's state untouched (beta = 0, g = 0), so a row's logits equal those
+            of decoding it alone. Use a fresh set of caches for this mode.
         """
         B, T = idx.shape
+        if valid is not None:
+            if caches is None:
+                raise ValueError("valid= (padded chunks) needs caches: a list of one dict per layer")
+            if valid.shape != idx.shape or valid.dtype != torch.bool:
+                raise ValueError(f"valid must be a bool tensor of idx's shape {tuple(idx.shape)}, "
+                                 f"got {valid.dtype} {tuple(valid.shape)}")
         if caches is None and T > self.config.block_size:
             raise ValueError(f"sequence length {T} exceeds block_size {self.config.block_size}")
         x = self.wte(idx)                                                  # [B, T, D]
@@ -266,7 +325,7 @@ class GPT(nn.Module):
             x = self.vision(x, idx, images)
         sublayers = []
         for i, block in enumerate(self.blocks):
-            sublayers += block.sublayers(caches[i] if caches is not None else None)
+            sublayers += block.sublayers(caches[i] if caches is not None else None, valid)
         weights = None
         if self.config.residual == "standard":
             for f in sublayers:

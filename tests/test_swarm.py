@@ -1,5 +1,5 @@
-"""Tests for swarm.py: critical-step accounting, PARL reward terms, real concurrency, the policy-gradient
-step, the environment, and clear errors at the API boundary. CPU only, a few seconds in all."""
+"""Tests for the Agent Swarm: the runtime (swarm_runtime.py), the environment (swarm_env.py), and the LM
+orchestrator with its token protocol and PARL (swarm.py). CPU only; well under a minute in all."""
 import random
 import time
 
@@ -7,9 +7,11 @@ import pytest
 import torch
 
 import swarm
-from swarm import (N_CHOICES, ROLES, EnvConfig, Stage, SubagentRun, SwarmRuntime, critical_steps, item_f1,
-                   lambda_schedule, make_task, parl_reward, run_episode, run_subagent, scripted_worker,
-                   sleepy_worker, total_steps)
+from model import GPT
+from swarm import (TOK, VOCAB, Episode, ProtocolError, encode_call, from_text, lambda_schedule, parl_reward,
+                   parse_calls, play, render)
+from swarm_env import ROLES, EnvConfig, item_f1, make_task, sample_tasks, scripted_worker, sleepy_worker, subtask
+from swarm_runtime import Stage, SubagentRun, SwarmRuntime, critical_steps, run_subagent, total_steps
 
 
 def _counting_worker(system_prompt, task):
@@ -18,13 +20,21 @@ def _counting_worker(system_prompt, task):
     return {"done": task["steps"]}
 
 
-# --- critical steps vs total steps -------------------------------------------------------------------
+def _stream(calls):
+    return [t for call in calls for t in encode_call(call)]
+
+
+def _tiny_model(seed=0, **overrides):
+    torch.manual_seed(seed)
+    return GPT(swarm.orchestrator_config(**overrides))
+
+
+# --- runtime: critical steps vs total steps, budgets, real concurrency --------------------------------
 
 def test_critical_and_total_steps_on_hand_built_stages():
     stages = [(1, [3, 5]), (1, [2])]
     assert critical_steps(stages) == (1 + 5) + (1 + 2) == 9
     assert total_steps(stages) == 1 + 3 + 5 + 1 + 2 == 12
-    # a stage without sub-agents costs its main steps only; the longest sub-agent sets a stage's cost
     stages = [(2, []), (1, [1, 1, 7, 1]), (3, [4])]
     assert critical_steps(stages) == 2 + 8 + 7
     assert total_steps(stages) == 2 + 1 + 10 + 3 + 4
@@ -67,58 +77,10 @@ def test_crashing_worker_is_an_unfinished_subagent():
     assert steps == 1 and not finished and message is None and "tool failed" in error
 
 
-# --- PARL reward terms -------------------------------------------------------------------------------
-
-def _episode(f1=0.5, success=0.0, n_created=0, n_assigned=0, n_finished=0):
-    return {"f1": f1, "success": success, "n_created": n_created, "n_assigned": n_assigned, "n_finished": n_finished}
-
-
-def test_reward_terms_on_crafted_episodes():
-    # nothing assigned: no finish reward, no instantiation reward
-    r = parl_reward(_episode(), 0.2, 0.4)
-    assert r["r_finish"] == 0 and r["r_parallel"] == 0 and r["r"] == pytest.approx(0.5)
-    # 8 sub-agents, none finished (all empty or cut off): parallel pays, finish does not
-    r = parl_reward(_episode(n_created=8, n_assigned=8, n_finished=0), 0.2, 0.4, n_cap=16)
-    assert r["r_finish"] == 0 and r["r_parallel"] == pytest.approx(0.5)
-    assert r["r"] == pytest.approx(0.2 * 0.5 + 0.5)
-    # instantiation saturates at n_cap; finish is the finished fraction
-    r = parl_reward(_episode(f1=1.0, n_created=64, n_assigned=64, n_finished=16), 0.2, 0.4, n_cap=16)
-    assert r["r_parallel"] == 1.0 and r["r_finish"] == pytest.approx(0.25)
-    assert r["r"] == pytest.approx(0.2 + 0.4 * 0.25 + 1.0)
-    # success as the outcome
-    assert parl_reward(_episode(f1=0.9, success=1.0), 0, 0, perf="success")["r"] == 1.0
-
-
-def test_empty_and_unfinished_subagents_earn_no_finish_reward_in_a_real_episode():
-    task = make_task(random.Random(1), "lookup", 3)
-    ep = run_episode(task, lambda feats: N_CHOICES.index(8))      # 8 sub-agents for 3 items: 5 empty
-    assert ep["f1"] == 1.0 and ep["n_assigned"] == 8 and ep["n_finished"] == 3
-    assert parl_reward(ep, 0.0, 1.0)["r_finish"] == pytest.approx(3 / 8)
-    # one sub-agent for 40 items blows its step cap: it returns nothing, so it is unfinished
-    wide = make_task(random.Random(2), "lookup", 40)
-    ep = run_episode(wide, lambda feats: 0 if feats[4] > 0 else N_CHOICES.index(1))
-    assert ep["trace"].stages[0].runs[0].message is None
-    assert parl_reward(ep, 0.0, 1.0)["r_finish"] == 0.0
-
-
-def test_lambdas_anneal_to_zero_then_only_the_outcome_pays():
-    total, frac = 100, 0.6
-    assert lambda_schedule(0, total, 0.3, frac) == pytest.approx(0.3)
-    assert lambda_schedule(30, total, 0.3, frac) == pytest.approx(0.15)
-    for u in (60, 61, 99):
-        assert lambda_schedule(u, total, 0.3, frac) == 0.0
-        assert lambda_schedule(u, total, 0.3, frac, kind="cosine") == pytest.approx(0.0, abs=1e-12)
-    assert lambda_schedule(99, total, 0.3, None) == 0.3          # no annealing: constant
-    ep = _episode(f1=0.7, n_created=12, n_assigned=12, n_finished=12)
-    lam1, lam2 = lambda_schedule(60, total, 0.2, frac), lambda_schedule(60, total, 0.4, frac)
-    assert parl_reward(ep, lam1, lam2)["r"] == pytest.approx(0.7)
-    assert parl_reward(ep, 0.2, 0.4)["r"] > 0.7
-
-
-# --- real concurrency --------------------------------------------------------------------------------
-
 def test_subagents_overlap_in_time_on_the_thread_pool():
-    n, steps, sleep = 8, 4, 0.03                  # each worker waits ~0.12 s; serially 8x that
+    # each worker waits ~0.8 s (serially 8x that): long enough that all 8 start before one ends even
+    # when a loaded machine delays thread start-up
+    n, steps, sleep = 8, 4, 0.2
     rt = SwarmRuntime(sleepy_worker, executor="thread")
     t0 = time.perf_counter()
     for i in range(n):
@@ -154,92 +116,7 @@ def test_a_hundred_subagents_and_1500_steps_in_one_episode():
         rt2.create_subagent("b", "")
 
 
-# --- policy gradient ---------------------------------------------------------------------------------
-
-def test_policy_gradient_step_raises_expected_return_on_a_two_action_task():
-    torch.manual_seed(0)
-    policy = torch.nn.Linear(1, 2)                # logits for actions 0 (reward 0) and 1 (reward 1)
-    opt = torch.optim.SGD(policy.parameters(), lr=0.5)
-    feats = torch.ones(1, 1)
-
-    def expected_return():
-        with torch.no_grad():
-            return torch.softmax(policy(feats), -1)[0, 1].item()
-
-    before = expected_return()
-    for _ in range(3):
-        group = 8
-        probs = torch.softmax(policy(feats), -1).detach()
-        actions = torch.multinomial(probs.expand(group, 2), 1).squeeze(1)
-        rewards = actions.float()
-        swarm.policy_gradient_step(policy, opt, feats.expand(group, 1), actions, torch.arange(group),
-                                   rewards, group, entropy_coef=0.0)
-    assert expected_return() > before + 0.05
-
-
-def test_group_advantages_are_centred_per_task():
-    adv = swarm.group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0, 5.0, 1.0]), 3)
-    assert torch.allclose(adv, torch.tensor([0.0, -1.0, 1.0, -0.667, 2.333, -1.667]), atol=1e-3)
-    with pytest.raises(ValueError, match="groups of 4"):
-        swarm.group_advantages(torch.zeros(6), 4)
-
-
-def test_policy_starts_with_the_serial_prior_and_training_runs():
-    policy = swarm.OrchestratorPolicy(serial_prior=0.5)
-    feats = torch.tensor(swarm.state_features(make_task(random.Random(0), "lookup", 20), 20, 0, EnvConfig()))
-    assert torch.softmax(policy(feats), -1)[0].item() == pytest.approx(0.5, abs=0.05)
-    tasks = swarm.sample_tasks(random.Random(0), 12)
-    policy, hist = swarm.train_arm("PARL, annealed", tasks, updates=2, tasks_per_update=3, group_size=4,
-                                   cfg=EnvConfig(), seed=0, log_every=1)
-    assert len(hist) == 2 and hist[0]["lambda1"] == pytest.approx(0.2) and hist[1]["lambda1"] < 0.2
-
-
-# --- environment -------------------------------------------------------------------------------------
-
-def test_scripted_subagents_are_frozen_and_follow_their_role():
-    task = make_task(random.Random(5), "lookup", 4)
-    sub = {"kind": "lookup", "entities": list(task["gold"]), "attribute": task["attribute"], "corpus": task["corpus"]}
-    steps, finished, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], sub, budget=100)
-    assert finished and msg == task["gold"] and 2 * 4 <= steps <= 4 * 4
-    # the same sub-task under a role that does not fit it: one step, empty report
-    steps, finished, msg, _, _, _ = run_subagent(scripted_worker, ROLES["coder"], sub, budget=100)
-    assert (steps, finished, msg) == (1, True, {})
-    claims = dict(task["gold"])
-    wrong = next(iter(claims))
-    claims[wrong] = "nonsense"
-    _, _, verdict, _, _, _ = run_subagent(scripted_worker, ROLES["fact-checker"],
-                                          {"kind": "verify", "claims": claims, "corpus": task["corpus"]}, 100)
-    assert verdict[wrong] is False and sum(verdict.values()) == 3
-
-
-def test_episode_accounting_and_the_deep_chain():
-    cfg = EnvConfig()
-    wide = make_task(random.Random(7), "lookup", 30)
-    alone = run_episode(wide, lambda f: 0, cfg)
-    assert alone["critical"] == alone["total"] <= cfg.critical_budget and alone["n_created"] == 0
-    assert 0 < alone["f1"] < 1                                   # a single agent cannot finish a wide task
-    swarm_ep = run_episode(wide, lambda f: N_CHOICES.index(12), cfg)
-    assert swarm_ep["f1"] == 1.0 and swarm_ep["critical"] < alone["critical"] < swarm_ep["total"]
-    assert max(swarm_ep["arrived"].values()) <= swarm_ep["critical"]
-    assert swarm.f1_at_budget(swarm_ep, 0) == 0.0 and swarm.f1_at_budget(swarm_ep, swarm_ep["critical"]) == 1.0
-    # a chain: sub-agents past the first do not know where to start, so splitting buys nothing
-    deep = make_task(random.Random(8), "chain", 6)
-    alone = run_episode(deep, lambda f: 0, cfg)
-    split = run_episode(deep, lambda f: N_CHOICES.index(3), cfg)
-    assert alone["success"] == 1.0 and split["success"] == 1.0
-    assert split["critical"] >= alone["critical"] and split["n_finished"] < split["n_assigned"]
-
-
-def test_item_f1():
-    gold = {"a": 1, "b": 2, "c": 3, "d": 4}
-    assert item_f1(gold, gold) == 1.0 and item_f1({}, gold) == 0.0
-    assert item_f1({"a": 1, "b": 2}, gold) == pytest.approx(2 * 1 * 0.5 / 1.5)
-    assert item_f1({"a": 1, "b": 0}, gold) == pytest.approx(2 * 0.5 * 0.25 / 0.75)
-
-
-# --- errors ------------------------------------------------------------------------------------------
-
-def test_bad_input_raises_clear_errors():
+def test_runtime_rejects_bad_input_with_clear_errors():
     rt = SwarmRuntime(_counting_worker, executor="inline")
     rt.create_subagent("a", ROLES["researcher"])
     with pytest.raises(ValueError, match="unknown agent 'b'"):
@@ -251,8 +128,6 @@ def test_bad_input_raises_clear_errors():
     rt.answer(None)
     with pytest.raises(ValueError, match="already answered"):
         rt.assign_task("a", {"steps": 1})
-    with pytest.raises(ValueError, match="already answered"):
-        rt.create_subagent("c", "")
     for kwargs in ({"sub_step_budget": 0}, {"main_step_budget": 0}, {"sub_step_budget": 2.5}):
         with pytest.raises(ValueError, match="must be a positive int"):
             SwarmRuntime(_counting_worker, executor="inline", **kwargs)
@@ -262,28 +137,296 @@ def test_bad_input_raises_clear_errors():
     rt.main_step(3)
     with pytest.raises(ValueError, match="orchestrator step budget 3 exceeded"):
         rt.main_step(1)
-    with pytest.raises(ValueError, match="family"):
-        make_task(random.Random(0), "wide", 3)
-    with pytest.raises(ValueError, match="anneal_frac"):
-        lambda_schedule(1, 10, 0.1, 0.0)
-    with pytest.raises(ValueError, match="perf"):
-        parl_reward(_episode(), 0, 0, perf="bleu")
-    with pytest.raises(ValueError, match="executor must be"):
-        SwarmRuntime(_counting_worker, executor=None)
 
     def local_worker(system_prompt, task):
         yield
     with pytest.raises(TypeError, match="picklable"):
         SwarmRuntime(local_worker, executor="process")
-    with pytest.raises(ValueError, match="serial_prior"):
-        swarm.OrchestratorPolicy(serial_prior=1.0)
+    with pytest.raises(ValueError, match="family"):
+        make_task(random.Random(0), "wide", 3)
 
 
-def test_thread_pool_and_inline_runs_leave_the_same_step_accounting():
-    task = make_task(random.Random(9), "lookup", 20)
-    inline = run_episode(task, lambda f: N_CHOICES.index(6), executor="inline")
-    threaded = run_episode(task, lambda f: N_CHOICES.index(6), executor="thread")
-    assert inline["answer"] == threaded["answer"] and inline["f1"] == 1.0
-    assert (inline["critical"], inline["total"]) == (threaded["critical"], threaded["total"])
-    assert [[r.steps for r in s.runs] for s in inline["trace"].stages] == \
-        [[r.steps for r in s.runs] for s in threaded["trace"].stages]
+# --- environment -------------------------------------------------------------------------------------
+
+def test_scripted_subagents_are_frozen_and_follow_their_role():
+    task = make_task(random.Random(5), "lookup", 4)
+    sub = subtask(task, 0, 3)
+    steps, finished, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], sub, budget=100)
+    assert finished and msg == task["gold"] and 2 * 4 <= steps <= 4 * 4
+    steps, finished, msg, _, _, _ = run_subagent(scripted_worker, ROLES["coder"], sub, budget=100)
+    assert (steps, finished, msg) == (1, True, {})
+    claims = dict(task["gold"])
+    wrong = next(iter(claims))
+    claims[wrong] = "nonsense"
+    _, _, verdict, _, _, _ = run_subagent(scripted_worker, ROLES["fact-checker"],
+                                          {"kind": "verify", "claims": claims, "corpus": task["corpus"]}, 100)
+    assert verdict[wrong] is False and sum(verdict.values()) == 3
+    # a chain: a range that does not start at the known frontier cannot begin
+    chain = make_task(random.Random(6), "chain", 5)
+    _, _, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], subtask(chain, 2, 4, None), 100)
+    assert msg == {}
+    _, _, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], subtask(chain, 0, 4, chain["start"]), 100)
+    assert msg == chain["gold"]
+
+
+def test_item_f1():
+    gold = {"a": 1, "b": 2, "c": 3, "d": 4}
+    assert item_f1(gold, gold) == 1.0 and item_f1({}, gold) == 0.0
+    assert item_f1({"a": 1, "b": 2}, gold) == pytest.approx(2 * 1 * 0.5 / 1.5)
+    assert item_f1({"a": 1, "b": 0}, gold) == pytest.approx(2 * 0.5 * 0.25 / 0.75)
+
+
+# --- PARL reward terms -------------------------------------------------------------------------------
+
+def _episode(f1=0.5, success=0.0, n_created=0, n_assigned=0, n_finished=0):
+    return {"f1": f1, "success": success, "n_created": n_created, "n_assigned": n_assigned, "n_finished": n_finished}
+
+
+def test_reward_terms_on_crafted_episodes():
+    r = parl_reward(_episode(), 0.2, 0.4)
+    assert r["r_finish"] == 0 and r["r_parallel"] == 0 and r["r"] == pytest.approx(0.5)
+    r = parl_reward(_episode(n_created=8, n_assigned=8, n_finished=0), 0.2, 0.4, n_cap=16)
+    assert r["r_finish"] == 0 and r["r_parallel"] == pytest.approx(0.5)
+    assert r["r"] == pytest.approx(0.2 * 0.5 + 0.5)
+    r = parl_reward(_episode(f1=1.0, n_created=64, n_assigned=64, n_finished=16), 0.2, 0.4, n_cap=16)
+    assert r["r_parallel"] == 1.0 and r["r_finish"] == pytest.approx(0.25)
+    assert parl_reward(_episode(f1=0.9, success=1.0), 0, 0, perf="success")["r"] == 1.0
+    # agents created but never given a task count as unfinished (spawning idle agents does not pay r_finish)
+    idle = dict(_episode(n_created=10, n_assigned=2, n_finished=2), n_idle=8)
+    assert parl_reward(idle, 0.0, 1.0)["r_finish"] == pytest.approx(0.2)
+    with pytest.raises(ValueError, match="perf"):
+        parl_reward(_episode(), 0, 0, perf="bleu")
+
+
+def test_lambdas_anneal_to_zero_then_only_the_outcome_pays():
+    total, frac = 100, 0.6
+    assert lambda_schedule(0, total, 0.3, frac) == pytest.approx(0.3)
+    assert lambda_schedule(30, total, 0.3, frac) == pytest.approx(0.15)
+    for u in (60, 61, 99):
+        assert lambda_schedule(u, total, 0.3, frac) == 0.0
+        assert lambda_schedule(u, total, 0.3, frac, kind="cosine") == pytest.approx(0.0, abs=1e-12)
+    assert lambda_schedule(99, total, 0.3, None) == 0.3
+    with pytest.raises(ValueError, match="anneal_frac"):
+        lambda_schedule(1, 10, 0.1, 0.0)
+
+
+def test_group_advantages_are_centred_per_task():
+    adv = swarm.group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0, 5.0, 1.0]), 3)
+    assert torch.allclose(adv, torch.tensor([0.0, -1.0, 1.0, -0.667, 2.333, -1.667]), atol=1e-3)
+    with pytest.raises(ValueError, match="groups of 4"):
+        swarm.group_advantages(torch.zeros(6), 4)
+
+
+# --- the token protocol ------------------------------------------------------------------------------
+
+def test_protocol_round_trips_render_and_parse():
+    rng = random.Random(0)
+    for _ in range(50):
+        width = rng.randint(1, 48)
+        calls, n, busy = [], 0, set()
+        for _ in range(rng.randint(1, 12)):
+            kind = rng.choice(["create", "assign", "self", "wait"])
+            if kind == "create" and n < 16:
+                calls.append(("create", rng.choice(swarm.ROLE_TOKENS)))
+                n += 1
+            elif kind == "assign" and len(busy) < n:
+                k = rng.choice([i for i in range(n) if i not in busy])
+                lo = rng.randrange(width)
+                calls.append(("assign", k, lo, rng.randint(lo, width - 1)))
+                busy.add(k)
+            elif kind == "wait" and busy:
+                calls.append(("wait",))
+                busy = set()
+            elif kind == "self" and not busy:
+                lo = rng.randrange(width)
+                calls.append(("self", lo, rng.randint(lo, width - 1)))
+        calls.append(("answer",))
+        ids = _stream(calls)
+        assert from_text(render(ids)) == ids
+        assert parse_calls(ids, width) == calls
+    assert render(_stream([("assign", 3, 0, 11)])) == "<assign> a3 0 11"
+
+
+@pytest.mark.parametrize("text, message", [
+    ("<assign> a0 0 1", "no free agent"),
+    ("<create> researcher <assign> a1 0 1", "unknown agent a1"),
+    ("<create> researcher <assign> a0 0 1 <assign> a0 2 2", "no free agent"),
+    ("<create> coder <create> coder <assign> a0 0 1 <assign> a0", "a0 is already busy"),
+    ("<self> 3 1", "item 1 outside"),
+    ("<self> 0 9", "item 9 outside the task's items 0..4"),
+    ("<create> 7", "expected a role"),
+    ("<wait>", "nothing assigned"),
+    ("<create> researcher <assign> a0 0 1 <self> 2 3", "<wait> for them first"),
+    ("3 <answer>", "expected a call"),
+    ("<res> me 2", "written by the environment"),
+])
+def test_malformed_calls_cost_the_episode_not_the_process(text, message):
+    ids = from_text(text)
+    with pytest.raises(ProtocolError, match=message):
+        parse_calls(ids, width=5)
+    task = make_task(random.Random(0), "lookup", 5)
+    ep = play(task, ids)                           # the same stream played: the episode ends, no exception
+    assert message in ep["error"] and ep["tokens"][-1] == TOK["<err>"]
+    assert ep["f1"] == 0.0 and ep["answer"] == {} and not ep["answered"]
+    with pytest.raises(ProtocolError, match="ends inside a call"):
+        parse_calls(from_text("<create> researcher <assign> a0 2"), width=5)
+
+
+def test_a_scripted_token_stream_drives_the_runtime_to_the_same_trace_as_the_api():
+    task = make_task(random.Random(11), "lookup", 14)
+    calls = ([("create", "researcher")] * 3 + [("create", "coder")]
+             + [("assign", 0, 0, 4), ("assign", 1, 5, 9), ("assign", 3, 10, 13), ("wait",)]
+             + [("assign", 2, 10, 13), ("wait",), ("self", 0, 1), ("answer",)])
+    ep = play(task, _stream(calls))
+    # the same episode written against the runtime's Python API
+    rt = SwarmRuntime(scripted_worker, sub_step_budget=EnvConfig.sub_step_budget, executor="inline")
+    for role in ["researcher"] * 3 + ["coder"]:
+        rt.create_subagent(f"a{len(rt.agents)}", ROLES[role])
+    for name, (lo, hi) in zip(["a0", "a1", "a3"], [(0, 4), (5, 9), (10, 13)]):
+        rt.assign_task(name, subtask(task, lo, hi), budget=EnvConfig.critical_budget - 1)
+    first = rt.gather()
+    t = rt.trace.critical_steps
+    rt.assign_task("a2", subtask(task, 10, 13), budget=EnvConfig.critical_budget - t - 1)
+    rt.gather()
+    for i in (0, 1):                                # <self> 0 1: one item per call, each step a main step
+        steps = run_subagent(scripted_worker, ROLES["researcher"], subtask(task, i, i), 100)[0]
+        rt.main_step(steps)
+    trace = rt.answer(None)
+
+    def shape(tr):
+        return [(s.main_steps, [(r.agent, r.steps, r.finished, r.message) for r in s.runs]) for s in tr.stages]
+    assert shape(ep["trace"]) == shape(trace)
+    assert ep["critical"] == trace.critical_steps and ep["total"] == trace.total_steps
+    assert ep["f1"] == 1.0 and ep["answered"]
+    assert first[2].message == {}                   # the coder's role does not fit: it brings nothing back
+    assert ep["n_assigned"] == 4 and ep["n_finished"] == 3
+    # the results came back as environment tokens, which the orchestrator did not write
+    text = render(ep["tokens"], ep["is_action"])
+    assert "<wait> [<res> a0 5 <res> a1 5 <res> a3 0 @" in text
+    assert sum(ep["is_action"]) == len(_stream(calls))
+
+
+def test_budget_run_out_before_answer_loses_the_answer():
+    task = make_task(random.Random(2), "lookup", 30)
+    ep = play(task, _stream([("self", 0, 29), ("answer",)]))   # a single agent cannot do 30 items in 40 steps
+    assert ep["tokens"][-1] == TOK["<end>"] and not ep["answered"] and ep["f1"] == 0.0
+    assert ep["critical"] == ep["clock"] >= EnvConfig.critical_budget - 3
+    trace = swarm.serial_trace(task, random.Random(0))         # the SFT traces answer before the clock runs out
+    assert trace["answered"] and 0.4 < trace["f1"] < 1 and trace["n_created"] == 0
+    assert all(VOCAB[t] != "<create>" for t in trace["tokens"])
+
+
+# --- the orchestrator model ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("pattern", ["A", "KA"])
+def test_padded_chunks_decode_each_row_as_if_alone(pattern):
+    """model.GPT.forward(valid=...): rows of different lengths through one cache equal each row alone."""
+    model = _tiny_model(pattern=pattern).eval()
+    g = torch.Generator().manual_seed(0)
+    lengths = [(5, 1, 3, 1), (2, 4, 1, 1), (1, 1, 6, 2)]
+    seqs = [[torch.randint(0, len(VOCAB), (n,), generator=g) for n in row] for row in lengths]
+    caches = [dict() for _ in model.blocks]
+    got = [[] for _ in seqs]
+    with torch.no_grad():
+        for c in range(4):
+            T = max(len(s[c]) for s in seqs)
+            idx = torch.zeros(len(seqs), T, dtype=torch.long)
+            valid = torch.zeros(len(seqs), T, dtype=torch.bool)
+            for r, s in enumerate(seqs):
+                idx[r, :len(s[c])], valid[r, :len(s[c])] = s[c], True
+            logits, _ = model(idx, caches=caches, valid=valid)
+            for r, s in enumerate(seqs):
+                got[r].append(logits[r, :len(s[c])])
+        for r, s in enumerate(seqs):
+            alone, _ = model(torch.cat(s)[None])
+            assert torch.allclose(torch.cat(got[r]), alone[0], atol=1e-5), f"row {r} differs"
+    with pytest.raises(ValueError, match="needs caches"):
+        model(idx, valid=valid)
+
+
+def test_batched_episodes_equal_per_episode_decoding():
+    model = _tiny_model(seed=1)
+    tasks = [make_task(random.Random(i), fam, w) for i, (fam, w) in
+             enumerate([("lookup", 2), ("lookup", 17), ("chain", 5), ("lookup", 40), ("chain", 3)])]
+    batched = swarm.rollout(model, tasks, greedy=True)
+    for task, b in zip(tasks, batched):
+        alone = swarm.rollout(model, [task], greedy=True)[0]
+        assert alone["tokens"] == b["tokens"]
+    assert len({len(b["tokens"]) for b in batched}) > 1          # the episodes really had different lengths
+    # sampling: the per-token log-probs the training loss sees match a row decoded alone (same tokens fed)
+    eps = swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0))
+    lp_batch = swarm.action_logprobs(model, eps)
+    for e, ep in enumerate(eps):
+        lp_alone = swarm.action_logprobs(model, [ep])
+        n = lp_alone.shape[1]
+        assert torch.allclose(lp_batch[e, :n], lp_alone[0], atol=1e-5)
+
+
+def test_parl_loss_masks_prompt_and_environment_tokens():
+    model = _tiny_model()
+    task = make_task(random.Random(4), "lookup", 6)
+    calls = [("create", "researcher"), ("create", "researcher"), ("assign", 0, 0, 2), ("assign", 1, 3, 5),
+             ("wait",), ("answer",)]
+    ep = play(task, _stream(calls))
+    env = [i for i, a in enumerate(ep["is_action"]) if not a]
+    assert [VOCAB[ep["tokens"][i]] for i in env[5:]] == ["<res>", "a0", "3", "<res>", "a1", "3", "@", str(ep["clock"])]
+    lp = swarm.action_logprobs(model, [ep])[0]                   # position i predicts token i + 1
+    for i in env[1:]:
+        assert lp[i - 1] == 0.0, f"environment token {VOCAB[ep['tokens'][i]]} at {i} carries loss"
+    # the loss is -A * (sum of the orchestrator tokens' log-probs under the grammar mask), computed by hand
+    x = torch.tensor(ep["tokens"])[None]
+    logits, _ = model(x[:, :-1])
+    manual = 0.0
+    actions = [i for i, a in enumerate(ep["is_action"]) if a]
+    for i, legal in zip(actions, ep["legal"]):
+        masked = torch.full_like(logits[0, i - 1], float("-inf"))
+        masked[legal] = logits[0, i - 1, legal]
+        manual = manual + torch.log_softmax(masked, -1)[ep["tokens"][i]]
+    loss = swarm.parl_loss(model, [ep], torch.tensor([0.7]))
+    assert loss.item() == pytest.approx(-0.7 * manual.item(), rel=1e-5)
+    # changing what the environment said changes no loss term of its own: only the orchestrator's tokens count
+    assert int((lp != 0).sum()) <= len(actions)
+
+
+def test_critical_steps_of_an_lm_driven_episode_match_the_trace():
+    model = _tiny_model(seed=2)
+    tasks = sample_tasks(random.Random(3), 24)
+    # a few steps on tool-format traces only, so that sampled episodes delegate often
+    swarm.train_sft(model, tasks, steps=15, batch=16, lr=1e-2, format_frac=1.0)
+    eps = swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0))
+    delegated = 0
+    for ep in eps:
+        stages = ep["trace"].stages
+        by_hand = sum(s.main_steps + max((r.steps for r in s.runs), default=0) for s in stages)
+        assert ep["critical"] == by_hand == ep["clock"]
+        clocks = [ep["tokens"][i + 1] for i, t in enumerate(ep["tokens"][:-1]) if t == TOK["@"]]
+        if clocks and not ep["trace"].stages[-1].runs:
+            assert swarm.tok_num(clocks[-1]) == min(ep["clock"], swarm.MAX_NUM) or not ep["answered"]
+        delegated += any(len(s.runs) >= 2 for s in stages)
+        assert ep["error"] is None
+    assert delegated >= 3, "too few delegating episodes for the check to mean anything"
+
+
+def test_a_short_parl_run_raises_reward_on_a_tiny_task_set():
+    model = _tiny_model(seed=0)
+    tasks = [make_task(random.Random(i), "lookup", 2 + i % 3) for i in range(6)]
+    gen = torch.Generator().manual_seed(123)
+
+    def mean_reward():
+        eps = swarm.rollout(model, [t for t in tasks for _ in range(8)], generator=gen)
+        return sum(parl_reward(ep, 0.0, 0.0)["r"] for ep in eps) / len(eps)
+
+    before = mean_reward()
+    swarm.train_parl(model, tasks, updates=12, arm=(True, 0.0, 0.0, None), tasks_per_update=6, group_size=8,
+                     lr=1e-2, seed=0)
+    after = mean_reward()
+    assert after > before + 0.15, f"reward {before:.3f} -> {after:.3f}"
+
+
+def test_sft_warm_start_learns_the_serial_prior():
+    model = _tiny_model(seed=0)
+    tasks = sample_tasks(random.Random(0), 40)
+    losses = swarm.train_sft(model, tasks, steps=25, batch=16, lr=1e-2, format_frac=0.0)
+    assert losses[-1] < 0.7 * losses[0]
+    ep = swarm.rollout(model, [make_task(random.Random(9), "lookup", 3)], greedy=True)[0]
+    assert ep["calls"][0][0] == "self" and ep["n_created"] == 0

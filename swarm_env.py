@@ -1,0 +1,191 @@
+"""Agent Swarm environment: offline wide and deep tasks, frozen scripted sub-agents, item-F1.
+
+Support module for swarm.py. Two task families, each with its own small generated corpus:
+
+    lookup (wide)  collect one attribute of W entities, each fact hidden among 0-2 distractor documents;
+                   items are independent, so W items split over n sub-agents finish ~n times sooner
+    chain  (deep)  follow 'mentor' W hops from a start entity; hop h needs hop h-1's answer, so a
+                   sub-agent that does not start at the frontier cannot begin and splitting buys nothing
+
+Sub-agents are frozen scripted programs (`scripted_worker`): search costs one step, reading a document
+one step, so an item costs 2-4 steps. Their role comes from the system prompt (a researcher looks
+things up; a fact-checker verifies claims; a coder's role fits neither task and returns nothing).
+Items are referred to by index 0..W-1 (entities of a lookup, hops of a chain); `subtask(task, lo, hi,
+start)` builds the sub-task for a contiguous range of items. Scored by item-F1 and exact success.
+"""
+import random
+import re
+import time
+from dataclasses import dataclass
+
+from swarm_runtime import _positive_int
+
+_SYLLABLES = ["ka", "ri", "mo", "ten", "sa", "lo", "vi", "dar", "nu", "pe", "zo", "ul", "fen", "qi", "bra", "tor"]
+_ATTRIBUTES = {"home city": ["Osaka", "Lyon", "Quito", "Perth", "Tartu", "Accra", "Hanoi", "Bergen"],
+               "favourite colour": ["teal", "amber", "crimson", "olive", "indigo", "ivory"],
+               "birth year": [str(y) for y in range(1901, 1999)]}
+ROLES = {"researcher": "You are a researcher. Search the corpus and report exactly what was asked.",
+         "fact-checker": "You are a fact-checker. Verify each claim against the corpus.",
+         "coder": "You are a coder. Write and run code for the request."}
+
+
+def _entity_names(rng, n):
+    names = set()
+    while len(names) < n:
+        names.add("".join(rng.choice(_SYLLABLES) for _ in range(3)).capitalize())
+    return sorted(names, key=lambda _: rng.random())
+
+
+def make_task(rng: random.Random, family: str, width: int) -> dict:
+    """One offline task with its own small corpus. family: "lookup" (wide) or "chain" (deep).
+
+    Each entity's fact sits in one document among 0-2 distractor documents that only mention it; a
+    worker searches (1 step) then reads documents in search order (1 step each): 2-4 steps per item.
+    """
+    if family not in ("lookup", "chain"):
+        raise ValueError(f"family must be 'lookup' or 'chain', got {family!r}")
+    _positive_int("width", width)
+    docs, index = [], {}
+    names = _entity_names(rng, width + 1)
+
+    def add_docs(entity, fact):
+        hits = []
+        for _ in range(rng.randint(0, 2)):
+            hits.append(len(docs))
+            docs.append(f"{entity} was seen in {rng.choice(_ATTRIBUTES['home city'])} with {rng.choice(names)}.")
+        hits.insert(rng.randint(0, len(hits)), len(docs))   # where the fact lands sets the item's cost
+        docs.append(f"Archive note. {fact} Filed by {rng.choice(names)}.")
+        index[entity] = hits
+
+    if family == "lookup":
+        attr = rng.choice(list(_ATTRIBUTES))
+        gold = {e: rng.choice(_ATTRIBUTES[attr]) for e in names[:width]}
+        for e, v in gold.items():
+            add_docs(e, f"The {attr} of {e} is {v}.")
+        question = f"List the {attr} of each of: {', '.join(gold)}."
+        meta = {"attribute": attr}
+    else:
+        gold = {h: names[h] for h in range(1, width + 1)}   # hop h -> the h-th mentor along the chain
+        for h in range(width):
+            add_docs(names[h], f"The mentor of {names[h]} is {names[h + 1]}.")
+        question = f"Start at {names[0]} and follow 'mentor' {width} times; name every mentor on the way."
+        meta = {"start": names[0]}
+    # items in index order: what a range lo..hi of the protocol refers to (entities, or hop numbers)
+    return {"family": family, "width": width, "question": question, "gold": gold, "items": list(gold),
+            "corpus": {"docs": docs, "index": index}, **meta}
+
+
+def role_of(system_prompt: str) -> str:
+    text = system_prompt.lower()
+    for role in ROLES:
+        if role in text:
+            return role
+    return "unknown"
+
+
+def scripted_worker(system_prompt: str, task: dict):
+    """A frozen sub-agent: a fixed program, never trained. Its role comes from the system prompt.
+
+    Sub-tasks: {"kind": "lookup", "entities", "attribute"}, {"kind": "follow", "start", "first_hop",
+    "hops"} (start None = the start is not known yet), {"kind": "verify", "claims": {entity: value}}.
+    A role that does not fit the sub-task, or an empty sub-task, spends one step and returns {}.
+    """
+    role, corpus = role_of(system_prompt), task.get("corpus", {"docs": [], "index": {}})
+    docs, index = corpus["docs"], corpus["index"]
+    kind = task.get("kind")
+    found = {}
+    if role == "researcher" and kind == "lookup" and task["entities"]:
+        for entity in task["entities"]:
+            yield ("search", entity)
+            for doc_id in index.get(entity, []):
+                yield ("read", doc_id)
+                m = re.search(rf"The {task['attribute']} of {entity} is (\w+)\.", docs[doc_id])
+                if m:
+                    found[entity] = m.group(1)
+                    break
+        return found
+    if role == "researcher" and kind == "follow" and task["start"] is not None and task["hops"] > 0:
+        current = task["start"]
+        for hop in range(task["first_hop"], task["first_hop"] + task["hops"]):
+            yield ("search", current)
+            nxt = None
+            for doc_id in index.get(current, []):
+                yield ("read", doc_id)
+                m = re.search(rf"The mentor of {current} is (\w+)\.", docs[doc_id])
+                if m:
+                    nxt = m.group(1)
+                    break
+            if nxt is None:
+                break
+            found[hop] = current = nxt
+        return found
+    if role == "fact-checker" and kind == "verify" and task["claims"]:
+        for entity, value in task["claims"].items():
+            yield ("search", entity)
+            for doc_id in index.get(entity, []):
+                yield ("read", doc_id)
+                if f"of {entity} is" in docs[doc_id]:
+                    found[entity] = f"of {entity} is {value}." in docs[doc_id]
+                    break
+        return found
+    yield ("think", None)
+    return {}
+
+
+def sleepy_worker(system_prompt: str, task: dict):
+    """A worker whose steps just wait (stands in for tool latency); used to check real overlap."""
+    for _ in range(task["steps"]):
+        yield
+        time.sleep(task.get("sleep", 0.0))
+    return system_prompt
+
+
+def item_f1(answer: dict, gold: dict) -> float:
+    if not answer and not gold:
+        return 1.0
+    correct = sum(1 for k, v in answer.items() if gold.get(k) == v)
+    if correct == 0:
+        return 0.0
+    precision, recall = correct / len(answer), correct / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+@dataclass
+class EnvConfig:
+    critical_budget: int = 40      # episode limit in critical steps (K2.5 constrains by these, not total)
+    sub_step_budget: int = 24      # each sub-agent's step cap: 6-12 items, so wide tasks must be split
+    agents_per_main_step: int = 8  # reading back results: +1 orchestrator step per 8 sub-agents of a stage
+    max_width: int = 48            # items per task at most (the protocol has number tokens up to this)
+    max_agents: int = 16           # sub-agents per episode at most (agent-name tokens a0..a15)
+
+
+def subtask(task: dict, lo: int, hi: int, start: str | None = None) -> dict:
+    """The sub-task for items lo..hi (inclusive) of `task`.
+
+    lookup: the entities lo..hi. chain: hops lo..hi; `start` is the entity reached after hop lo-1, known
+    only when hops 0..lo-1 are solved (None otherwise: the worker cannot begin and returns nothing).
+    """
+    corpus = task["corpus"]
+    if task["family"] == "lookup":
+        return {"kind": "lookup", "entities": task["items"][lo:hi + 1], "attribute": task["attribute"],
+                "corpus": corpus}
+    return {"kind": "follow", "start": start, "first_hop": task["items"][lo], "hops": hi - lo + 1,
+            "corpus": corpus}
+
+
+def sample_tasks(rng: random.Random, n: int, mix=(0.35, 0.45, 0.2), cfg: EnvConfig = EnvConfig()) -> list:
+    """narrow lookups (1-4 items), wide lookups (12-max_width items), deep chains (3-10 hops)."""
+    tasks = []
+    for _ in range(n):
+        u = rng.random()
+        if u < mix[0]:
+            tasks.append(make_task(rng, "lookup", rng.randint(1, 4)))
+        elif u < mix[0] + mix[1]:
+            tasks.append(make_task(rng, "lookup", rng.randint(12, cfg.max_width)))
+        else:
+            tasks.append(make_task(rng, "chain", rng.randint(3, 10)))
+    return tasks
+
+
+def task_kind(task: dict) -> str:
+    return "deep" if task["family"] == "chain" else ("wide" if task["width"] >= 12 else "narrow")

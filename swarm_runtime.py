@@ -1,0 +1,305 @@
+"""Agent Swarm runtime: frozen sub-agents on a thread pool, stages, traces and critical steps.
+
+Support module for swarm.py (the orchestrator model, its token protocol and PARL). K2.5 (arXiv
+2602.02276, section 3) gives the orchestrator two tools, create_subagent(name, system_prompt) and
+assign_task(agent, task); each sub-agent runs on its own and returns one message. Cost is counted in
+
+    CriticalSteps = sum over stages t of ( S_main(t) + max_i S_sub,i(t) )
+
+(the longest path through the episode) next to total steps (all work done) and wall time.
+
+Read top to bottom: the records (SubagentRun, Stage, Trace), `run_subagent` (drives one generator
+worker under a step budget), `SwarmRuntime` (one episode: the two tools, main_step, gather, answer),
+and `bench` (overhead per step with 100 concurrent sub-agents: python swarm.py --bench).
+"""
+import concurrent.futures as cf
+import math
+import os
+import pickle
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+
+@dataclass
+class SubagentRun:
+    agent: str
+    system_prompt: str
+    task: Any
+    steps: int = 0
+    finished: bool = False      # returned its message within its step budget
+    message: Any = None         # the one message it returns (None when cut off or crashed)
+    error: str | None = None
+    t_start: float = 0.0
+    t_end: float = 0.0
+
+
+@dataclass
+class Stage:
+    main_steps: int = 0
+    runs: list = field(default_factory=list)    # SubagentRun, one per assign_task in this stage
+
+    @property
+    def critical_steps(self) -> int:
+        # a stage lasts as long as its longest sub-agent
+        return self.main_steps + max((r.steps for r in self.runs), default=0)
+
+
+def _stage_parts(stage):
+    if isinstance(stage, Stage):
+        return stage.main_steps, [r.steps for r in stage.runs]
+    main, subs = stage
+    return int(main), [int(s) for s in subs]
+
+
+def critical_steps(stages) -> int:
+    """sum_t (S_main(t) + max_i S_sub,i(t)); stages are `Stage`s or (main_steps, [sub steps]) pairs."""
+    total = 0
+    for stage in stages:
+        main, subs = _stage_parts(stage)
+        total += main + max(subs, default=0)
+    return total
+
+
+def total_steps(stages) -> int:
+    """All work done: orchestrator steps plus every sub-agent's steps."""
+    total = 0
+    for stage in stages:
+        main, subs = _stage_parts(stage)
+        total += main + sum(subs)
+    return total
+
+
+@dataclass
+class Trace:
+    stages: list = field(default_factory=list)
+    answer: Any = None
+    wall_s: float = 0.0
+
+    @property
+    def critical_steps(self) -> int:
+        return critical_steps(self.stages)
+
+    @property
+    def total_steps(self) -> int:
+        return total_steps(self.stages)
+
+    def summary(self) -> str:
+        lines = [f"critical steps {self.critical_steps}, total steps {self.total_steps}, "
+                 f"wall {self.wall_s * 1e3:.1f} ms"]
+        for t, st in enumerate(self.stages):
+            lines.append(f"stage {t}: main {st.main_steps}, sub-agents {len(st.runs)}, cost {st.critical_steps}")
+            for r in st.runs[:6]:
+                msg = repr(r.message)
+                lines.append(f"   {r.agent:<10} [{r.system_prompt[:28]}...] steps {r.steps:>3} "
+                             f"finished {r.finished!s:<5} -> {msg[:60]}")
+            if len(st.runs) > 6:
+                lines.append(f"   ... {len(st.runs) - 6} more")
+        return "\n".join(lines)
+
+
+def run_subagent(worker: Callable, system_prompt: str, task: Any, budget: int, step_delay: float = 0.0):
+    """Drive one frozen sub-agent under its step budget.
+
+    `worker(system_prompt, task)` is a generator: each `yield` is one step (a tool call), its `return`
+    value is the single message sent back. A worker that asks for step budget+1 is cut off and sends
+    nothing, like an agent stopped at its step limit before writing its report.
+    Module level so a process pool can pickle it. Returns (steps, finished, message, error, t0, t1).
+    """
+    t0 = time.perf_counter()
+    steps, finished, message, error = 0, False, None, None
+    try:
+        gen = worker(system_prompt, task)
+        if not hasattr(gen, "__next__"):
+            raise TypeError(f"worker must be a generator function, got {type(gen).__name__}")
+        while True:
+            try:
+                next(gen)
+            except StopIteration as stop:
+                finished, message = True, stop.value
+                break
+            if steps == budget:      # asks for one step more than allowed
+                gen.close()
+                break
+            steps += 1
+            if step_delay:
+                time.sleep(step_delay)   # simulated tool latency
+    except Exception as exc:  # a crashing worker is an unfinished sub-agent, not a crashed episode
+        error = f"{type(exc).__name__}: {exc}"
+    return steps, finished, message, error, t0, time.perf_counter()
+
+
+def _positive_int(name, value):
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class SwarmRuntime:
+    """One episode of an orchestrator with sub-agents.
+
+    create_subagent(name, system_prompt) registers a frozen worker with a role; assign_task(agent, task)
+    launches it at once on the executor; gather() waits for every launch of the open stage and closes
+    it; main_step(k) records the orchestrator's own tool calls; answer(x) ends the episode.
+    executor: "thread" (default), "process", "inline" (sequential, same trace: handy for fast RL
+    rollouts where cost is counted in steps), or an existing concurrent.futures.Executor to share.
+    """
+
+    def __init__(self, worker: Callable, *, sub_step_budget: int = 100, main_step_budget: int = 100,
+                 executor="thread", max_workers: int | None = None, max_subagents: int = 100,
+                 step_delay: float = 0.0):
+        _positive_int("sub_step_budget", sub_step_budget)
+        _positive_int("main_step_budget", main_step_budget)
+        _positive_int("max_subagents", max_subagents)
+        if step_delay < 0:
+            raise ValueError(f"step_delay must be >= 0, got {step_delay!r}")
+        self.worker, self.sub_step_budget, self.main_step_budget = worker, sub_step_budget, main_step_budget
+        self.max_subagents, self.step_delay = max_subagents, step_delay
+        self.agents: dict[str, str] = {}   # name -> system prompt
+        self._owns_pool = False
+        if isinstance(executor, cf.Executor):
+            self.pool = executor
+        elif executor == "thread":
+            self.pool, self._owns_pool = cf.ThreadPoolExecutor(max_workers or max_subagents), True
+        elif executor == "process":
+            try:   # the pool pickles the worker for every task; fail here, not inside gather()
+                pickle.dumps(worker)
+            except Exception as exc:
+                raise TypeError(f"executor='process' needs a picklable, module-level worker: {exc}") from None
+            self.pool, self._owns_pool = cf.ProcessPoolExecutor(max_workers or os.cpu_count()), True
+        elif executor == "inline":
+            self.pool = None
+        else:
+            raise ValueError(f"executor must be 'thread', 'process', 'inline' or an Executor, got {executor!r}")
+        self.trace = Trace()
+        self.main_steps_used = 0
+        self.done = False
+        self._open: Stage | None = None
+        self._pending: list = []     # (SubagentRun, future or result tuple)
+        self._t0 = time.perf_counter()
+
+    # the two tools of the report --------------------------------------------------------------------
+    def create_subagent(self, name: str, system_prompt: str) -> str:
+        self._check_open()
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"sub-agent name must be a non-empty str, got {name!r}")
+        if name in self.agents:
+            raise ValueError(f"sub-agent {name!r} already exists")
+        if len(self.agents) >= self.max_subagents:
+            raise ValueError(f"cannot create {name!r}: max_subagents={self.max_subagents} reached")
+        self.agents[name] = str(system_prompt)
+        return name
+
+    def assign_task(self, agent: str, task: Any, budget: int | None = None) -> SubagentRun:
+        """Launch `agent` on `task` now; it runs concurrently with the other launches of this stage."""
+        self._check_open()
+        if agent not in self.agents:
+            known = ", ".join(sorted(self.agents)[:10]) or "none"
+            raise ValueError(f"unknown agent {agent!r}; created so far: {known}")
+        budget = self.sub_step_budget if budget is None else min(budget, self.sub_step_budget)
+        _positive_int("budget", budget)
+        if self._open is None:
+            self._open = Stage(main_steps=1)   # the orchestrator turn that launches the group
+        run = SubagentRun(agent, self.agents[agent], task)
+        args = (self.worker, self.agents[agent], task, budget, self.step_delay)
+        job = run_subagent(*args) if self.pool is None else self.pool.submit(run_subagent, *args)
+        self._open.runs.append(run)
+        self._pending.append((run, job))
+        return run
+
+    # orchestrator bookkeeping -----------------------------------------------------------------------
+    def main_step(self, k: int = 1):
+        """k orchestrator tool calls: their own stage, or overhead of the open stage's group."""
+        self._check_open()
+        _positive_int("main steps", k)
+        if self.main_steps_used + k > self.main_step_budget:
+            raise ValueError(f"orchestrator step budget {self.main_step_budget} exceeded "
+                             f"({self.main_steps_used} used, {k} more asked)")
+        self.main_steps_used += k
+        if self.step_delay:
+            time.sleep(k * self.step_delay)
+        if self._open is not None:
+            self._open.main_steps += k
+        else:
+            self.trace.stages.append(Stage(main_steps=k))
+
+    def gather(self) -> list:
+        """Wait for every sub-agent of the open stage; close the stage; return its SubagentRuns."""
+        self._check_open()
+        if self._open is None:
+            return []
+        for run, job in self._pending:
+            res = job if isinstance(job, tuple) else job.result()
+            run.steps, run.finished, run.message, run.error, run.t_start, run.t_end = res
+        stage, self._open, self._pending = self._open, None, []
+        self.main_steps_used += 1
+        self.trace.stages.append(stage)
+        return stage.runs
+
+    def answer(self, answer: Any) -> Trace:
+        self._check_open()
+        self.gather()
+        self.trace.answer, self.done = answer, True
+        self.trace.wall_s = time.perf_counter() - self._t0
+        self.close()
+        return self.trace
+
+    def close(self):
+        if self._owns_pool:
+            self.pool.shutdown(wait=True)
+            self._owns_pool = False
+
+    def _check_open(self):
+        if self.done:
+            raise ValueError("episode already answered: start a new SwarmRuntime for a new task")
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# benchmark: python swarm.py --bench
+# ---------------------------------------------------------------------------------------------------
+
+
+def _noop_worker(system_prompt, task):
+    for _ in range(task["steps"]):
+        yield
+    return task["steps"]
+
+
+def bench(n_agents=100, steps_each=15, sleep_s=0.001, repeats=3):
+    """Runtime overhead at K2.5's scale: n_agents concurrent sub-agents, n_agents * steps_each steps."""
+    print(f"# swarm runtime: {n_agents} concurrent sub-agents x {steps_each} steps = {n_agents * steps_each} steps "
+          f"in one episode ({os.cpu_count()} CPUs, torch {torch.__version__})")
+    print("No Triton path here: the runtime is plain Python (concurrent.futures); nothing to compare against.\n")
+    print("| executor | step cost | wall (ms) | ideal (ms) | overhead / step (us) |")
+    print("|---|---|---|---|---|")
+    for step_cost in (0.0, sleep_s):
+        for kind in ("inline", "thread", "process"):
+            pool, width = None, 1
+            if kind == "thread":
+                pool, width = cf.ThreadPoolExecutor(n_agents), n_agents
+            elif kind == "process":
+                width = min(8, os.cpu_count() or 1)
+                pool = cf.ProcessPoolExecutor(width)
+            walls = []
+            for _ in range(repeats + 1):     # the first warms the pool up
+                rt = SwarmRuntime(_noop_worker, executor=pool or "inline", max_subagents=n_agents,
+                                  sub_step_budget=steps_each, step_delay=step_cost)
+                t0 = time.perf_counter()
+                for i in range(n_agents):
+                    rt.assign_task(rt.create_subagent(f"a{i}", "You are a worker."), {"steps": steps_each})
+                trace = rt.answer(None)
+                walls.append(time.perf_counter() - t0)
+                assert trace.total_steps == n_agents * steps_each + 1 and trace.critical_steps == steps_each + 1
+            if pool:
+                pool.shutdown()
+            wall = min(walls[1:])
+            ideal = steps_each * step_cost * math.ceil(n_agents / width)   # waves of `width` at a time
+            print(f"| {kind} ({width} at once) | {step_cost * 1e3:.0f} ms | {wall * 1e3:.1f} | {ideal * 1e3:.1f} | "
+                  f"{(wall - ideal) / (n_agents * steps_each) * 1e6:.1f} |")
