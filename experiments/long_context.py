@@ -259,11 +259,13 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="MQAR and Stack vs length: KDA, head-gate KDA (Gated DeltaNet), "
                                              "full attention, 3:1 hybrid")
     ap.add_argument("--quick", action="store_true", help="tiny shapes and a few steps (seconds), for the test")
-    ap.add_argument("--steps", type=int, default=400, help="optimizer steps per arm (equal for every arm)")
+    ap.add_argument("--steps", type=int, default=600, help="optimizer steps per arm (equal for every arm)")
     ap.add_argument("--seed", type=int, default=0, help="first seed (model init and data order)")
     ap.add_argument("--n_seeds", type=int, default=1, help="seeds seed, seed+1, ... per arm")
     ap.add_argument("--out_dir", default=os.path.join(ROOT, "out", "long_context"), help="where outputs go")
     ap.add_argument("--threads", type=int, default=1, help="CPU threads for torch, per process")
+    ap.add_argument("--report_only", action="store_true",
+                    help="write the figure and table from the runs already saved under out_dir/runs")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained in parallel processes (one per core)")
     ap.add_argument("--tasks", default="mqar,stack", help="comma-separated: mqar, stack")
     ap.add_argument("--arms", default="K,K-head,A,KKKA", help="comma-separated from " + ", ".join(ARMS))
@@ -281,8 +283,8 @@ def parse_args(argv=None):
     ap.add_argument("--weight_decay", type=float, default=0.01)
     # task knobs
     ap.add_argument("--pairs_frac", type=float, default=0.125, help="MQAR key-value pairs per token of length")
-    ap.add_argument("--n_keys", type=int, default=128)
-    ap.add_argument("--n_values", type=int, default=128)
+    ap.add_argument("--n_keys", type=int, default=64, help="MQAR key vocabulary (>= the most pairs)")
+    ap.add_argument("--n_values", type=int, default=16, help="MQAR value vocabulary (chance = 1/n_values)")
     ap.add_argument("--n_symbols", type=int, default=16, help="Stack alphabet")
     ap.add_argument("--push_prob", type=float, default=0.6, help="Stack: > 0.5 deepens the stack with length")
     args = ap.parse_args(argv)
@@ -300,13 +302,32 @@ def parse_args(argv=None):
     return args
 
 
+def unit_path(args, task, arm, seed):
+    return os.path.join(args.out_dir, "runs", f"{task}_{arm}_seed{seed}.json")
+
+
 def run_unit(task, arm, seed, args):
-    """One (task, arm, seed) training run; self-contained so that worker processes can run it."""
+    """One (task, arm, seed) training run; self-contained so that worker processes can run it. Each
+    finished run is saved at once, so --report_only can write the report from whatever has finished."""
     torch.set_num_threads(args.threads)
     vocab, batch_fn = make_task(task, args)
     eval_rng = np.random.default_rng([12345, ord(task[0])])                # held out: its own stream
     evalset = {T: batch_fn(eval_rng, args.eval_samples, T) for T in args.lengths}
-    return train_arm(arm, task, vocab, batch_fn, evalset, seed, args)
+    run = train_arm(arm, task, vocab, batch_fn, evalset, seed, args)
+    os.makedirs(os.path.dirname(unit_path(args, task, arm, seed)), exist_ok=True)
+    with open(unit_path(args, task, arm, seed), "w") as f:
+        json.dump(run, f)
+    return run
+
+
+def load_unit(path):
+    """A saved run, with its length keys back to ints (JSON keys are strings)."""
+    with open(path) as f:
+        run = json.load(f)
+    run["final"] = {int(T): a for T, a in run["final"].items()}
+    for c in run["curve"]:
+        c["acc"] = {int(T): a for T, a in c["acc"].items()}
+    return run
 
 
 def main(argv=None):
@@ -315,6 +336,18 @@ def main(argv=None):
     os.makedirs(args.out_dir, exist_ok=True)
     device = f"CPU, {args.jobs} process(es) × {args.threads} thread(s)"
     t0 = time.time()
+    if args.report_only:
+        # the runs saved so far; arms and tasks with no finished run are left out of the report
+        runs = [load_unit(unit_path(args, task, arm, seed)) for task in args.tasks for arm in args.arms
+                for seed in range(args.seed, args.seed + args.n_seeds)
+                if os.path.exists(unit_path(args, task, arm, seed))]
+        if not runs:
+            raise SystemExit(f"error: no saved runs under {os.path.join(args.out_dir, 'runs')}")
+        args.tasks = [t for t in args.tasks if any(r["task"] == t for r in runs)]
+        args.arms = [a for a in args.arms if all(any(r["task"] == t and r["arm"] == a for r in runs)
+                                                 for t in args.tasks)]
+        runs = [r for r in runs if r["arm"] in args.arms]
+        return write_report(runs, args, args.out_dir, device, sum(r["seconds"] for r in runs))
     units = [(task, arm, seed) for task in args.tasks for seed in range(args.seed, args.seed + args.n_seeds)
              for arm in args.arms]
     if args.jobs > 1:
