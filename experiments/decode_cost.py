@@ -6,7 +6,8 @@ per token at 1M context (TPOT 1.84 ms vs 11.48 ms against full MLA attention).
 
 Protocol: three models of equal width and depth (pattern A: every layer attention; KKKA: 3 KDA layers
 per attention layer; K: every layer KDA). For each context L, prefill L random tokens (in chunks, through
-the model's own cache path), then time `--decode_tokens` single-token steps. The plot and the ratios
+the model's own cache path); then time `--decode_tokens` single-token steps of every (model, context)
+in round-robin, one step each per round. The plot and the ratios
 use the fastest step (the cost of a step when nothing else competes for the CPU: on a shared machine the
 median mostly measures the other processes); the table gives the median too.
 Cache bytes are the bytes of every tensor the caches hold (attention buffers are preallocated to
@@ -62,26 +63,27 @@ def make_model(pattern, args, device, dtype):
 
 
 @torch.no_grad()
-def measure(model, cfg, L, args, device, dtype):
-    """Prefill L tokens, then time decode_tokens one-token steps. Returns (bytes, formula bytes, ms list)."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+def prefill(model, L, args, device):
+    """Caches holding L random tokens (chunked prefill through the model's own cache path), preallocated
+    for the decode steps to come; and the first token to decode."""
     gen = torch.Generator().manual_seed(L)
-    B = args.batch
-    caches = [dict(max_len=L + args.decode_tokens) for _ in model.blocks]   # preallocate exactly
-    prompt = torch.randint(0, args.vocab, (B, L), generator=gen).to(device)
+    caches = [dict(max_len=L + args.decode_tokens) for _ in model.blocks]
+    prompt = torch.randint(0, args.vocab, (args.batch, L), generator=gen).to(device)
     for i in range(0, L, args.prefill_chunk):                              # chunked: bounded attention memory
         model(prompt[:, i:i + args.prefill_chunk], caches=caches)
-    nxt = torch.randint(0, args.vocab, (B, 1), generator=gen).to(device)
-    times = []
-    for _ in range(args.decode_tokens):
-        sync()
-        t0 = time.perf_counter()
-        logits, _ = model(nxt, caches=caches)
-        nxt = logits[:, -1].argmax(-1, keepdim=True)                      # greedy: a real data dependency
-        sync()
-        times.append((time.perf_counter() - t0) * 1e3)
-    measured = cache_bytes(caches)
-    return measured, cache_bytes_formula(cfg, B, L + args.decode_tokens, dtype), times[args.warmup:]
+    return caches, torch.randint(0, args.vocab, (args.batch, 1), generator=gen).to(device)
+
+
+@torch.no_grad()
+def decode_step(model, caches, nxt, device):
+    """One timed decode step: (ms, next token)."""
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    sync()
+    t0 = time.perf_counter()
+    logits, _ = model(nxt, caches=caches)
+    nxt = logits[:, -1].argmax(-1, keepdim=True)                          # greedy: a real data dependency
+    sync()
+    return (time.perf_counter() - t0) * 1e3, nxt
 
 
 def parse_args(argv=None):
@@ -120,19 +122,33 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     name = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} thread(s)"
     os.makedirs(args.out_dir, exist_ok=True)
-    rows = []
+    models, states = {}, {}
     for pattern in args.patterns:
-        model, cfg = make_model(pattern, args, device, dtype)
+        models[pattern] = make_model(pattern, args, device, dtype)
         for L in args.contexts:
             t0 = time.time()
-            measured, formula, times = measure(model, cfg, L, args, device, dtype)
-            if measured != formula:   # the formula is the claim; a mismatch means the cache holds extra
-                raise RuntimeError(f"{pattern} L={L}: cache holds {measured} bytes, formula says {formula}")
-            rows.append(dict(pattern=pattern, context=L, cache_bytes=measured, ms_median=statistics.median(times),
-                             ms_min=min(times), ms_all=times, params=model.num_params()))
-            print(f"{pattern:5s} L={L:6d}: cache {measured / 2**20:8.2f} MiB, decode fastest {min(times):.2f} ms/token "
-                  f"(median {statistics.median(times):.2f}) [{time.time() - t0:.0f}s]", flush=True)
-        del model
+            states[pattern, L] = list(prefill(models[pattern][0], L, args, device))
+            print(f"prefilled {pattern} L={L} [{time.time() - t0:.0f}s]", flush=True)
+    # Round-robin: each round times one step of every (pattern, context), so a burst of load from other
+    # processes hits all of them alike instead of one whole measurement.
+    times = {key: [] for key in states}
+    for step in range(args.decode_tokens):
+        for (pattern, L), state in states.items():
+            ms, state[1] = decode_step(models[pattern][0], state[0], state[1], device)
+            if step >= args.warmup:
+                times[pattern, L].append(ms)
+    rows = []
+    for (pattern, L), (caches, _) in states.items():
+        model, cfg = models[pattern]
+        measured = cache_bytes(caches)
+        formula = cache_bytes_formula(cfg, args.batch, L + args.decode_tokens, dtype)
+        if measured != formula:   # the formula is the claim; a mismatch means the cache holds extra
+            raise RuntimeError(f"{pattern} L={L}: cache holds {measured} bytes, formula says {formula}")
+        t = times[pattern, L]
+        rows.append(dict(pattern=pattern, context=L, cache_bytes=measured, ms_median=statistics.median(t),
+                         ms_min=min(t), ms_all=t, params=model.num_params()))
+        print(f"{pattern:5s} L={L:6d}: cache {measured / 2**20:8.2f} MiB, decode fastest {min(t):.2f} ms/token "
+              f"(median {statistics.median(t):.2f})", flush=True)
 
     import matplotlib
     matplotlib.use("Agg")

@@ -207,7 +207,9 @@ def write_report(runs, args, out_dir, device, wall):
         ax.set_title(f"{task.upper()}: accuracy vs length after {args.steps} steps")
         bx.set_xlabel("training step"), bx.set_ylabel(f"accuracy at T = {longest}")
         bx.set_title(f"{task.upper()}: accuracy vs steps")
+        chance = 1 / (args.n_values if task == "mqar" else args.n_symbols)
         for a in (ax, bx):
+            a.axhline(chance, color="gray", ls="--", lw=1, label="chance" if a is ax else None)
             a.set_ylim(-0.02, 1.02), a.grid(alpha=0.3)
         ax.legend(fontsize=8)
     fig.suptitle(f"{args.n_layer} layers, d={args.n_embd}, {args.n_head} heads × head dim {args.head_dim} "
