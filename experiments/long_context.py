@@ -170,6 +170,8 @@ def summarise(runs, tasks, arms, lengths):
     for task in tasks:
         for arm in arms:
             rs = [r for r in runs if r["task"] == task and r["arm"] == arm]
+            if not rs:                         # --report_only before every run has finished
+                continue
             table[task, arm] = dict(
                 mean={T: float(np.mean([r["final"][T] for r in rs])) for T in lengths},
                 seeds=[r["final"] for r in rs], params=rs[0]["n_params"],
@@ -189,6 +191,8 @@ def write_report(runs, args, out_dir, device, wall):
         for i, arm in enumerate(args.arms):
             color, label = f"C{i}", ARMS[arm][2]
             rs = [r for r in runs if r["task"] == task and r["arm"] == arm]
+            if not rs:
+                continue
             for r in rs:                                                      # one faint line per seed
                 ax.plot(args.lengths, [r["final"][T] for T in args.lengths], color=color, alpha=0.25, lw=1)
                 bx.plot([c["step"] for c in r["curve"]], [c["acc"][longest] for c in r["curve"]],
@@ -220,20 +224,24 @@ def write_report(runs, args, out_dir, device, wall):
     plt.close(fig)
 
     n_seeds = len(set(r["seed"] for r in runs))
+    wall_label = "Sum of the runs' times" if args.report_only else "Total wall time"
     lines = [f"Long-context synthetic tasks on {device}: {args.n_layer} layers, d={args.n_embd}, {args.n_head} "
              f"heads, head dim {args.head_dim} (KDA state {args.n_head}×{args.head_dim}×{args.head_dim} per layer), "
              f"{args.steps} steps × {args.tokens_per_step} tokens (lengths {', '.join(map(str, args.lengths))} "
              f"round-robin), AdamW lr {args.lr:g}, {n_seeds} seed(s) from {args.seed}; accuracy on "
              f"{args.eval_samples} held-out sequences per length, mean over seeds (per-seed values in brackets "
-             f"when several). Total wall time {wall / 60:.1f} min.", ""]
+             f"when several). {wall_label} {wall / 60:.1f} min.", ""]
     for task in args.tasks:
         desc = (f"MQAR: {args.pairs_frac:g}·T key-value pairs ({', '.join(str(max(1, int(T * args.pairs_frac))) for T in args.lengths)}), "
                 f"{args.n_keys} keys, {args.n_values} values" if task == "mqar" else
                 f"Stack: {args.n_symbols} symbols, push probability {args.push_prob:g}")
         lines += [f"**{desc}**", "",
-                  "| arm | non-embedding params | " + " | ".join(f"acc T={T}" for T in args.lengths) + " | train s/seed |",
+                  "| arm | non-embedding params | " + " | ".join(f"acc T={T}" for T in args.lengths) + " | wall s per run |",
                   "|---|---|" + "---|" * len(args.lengths) + "---|"]
         for arm in args.arms:
+            if (task, arm) not in table:
+                lines.append(f"| {ARMS[arm][2]} `{arm}` | – | " + " | ".join("not run" for _ in args.lengths) + " | – |")
+                continue
             row = table[task, arm]
             cells = []
             for T in args.lengths:
@@ -346,9 +354,7 @@ def main(argv=None):
         if not runs:
             raise SystemExit(f"error: no saved runs under {os.path.join(args.out_dir, 'runs')}")
         args.tasks = [t for t in args.tasks if any(r["task"] == t for r in runs)]
-        args.arms = [a for a in args.arms if all(any(r["task"] == t and r["arm"] == a for r in runs)
-                                                 for t in args.tasks)]
-        runs = [r for r in runs if r["arm"] in args.arms]
+        args.arms = [a for a in args.arms if any(r["arm"] == a for r in runs)]
         return write_report(runs, args, args.out_dir, device, sum(r["seconds"] for r in runs))
     units = [(task, arm, seed) for task in args.tasks for seed in range(args.seed, args.seed + args.n_seeds)
              for arm in args.arms]
