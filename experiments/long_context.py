@@ -251,6 +251,10 @@ def write_report(runs, args, out_dir, device, wall):
                 cells.append(cell)
             lines.append(f"| {ARMS[arm][2]} `{arm}` | {row['params']:,} | " + " | ".join(cells) +
                          f" | {row['seconds']:.0f} |")
+        if task == "stack":
+            base = last_push_baseline(make_evalset("stack", args))
+            lines.append("| memoryless guess: the last pushed symbol | – | " +
+                         " | ".join(f"{base[T]:.3f}" for T in args.lengths) + " | – |")
         lines.append("")
     md = os.path.join(out_dir, "long_context.md")
     with open(md, "w") as f:
@@ -312,6 +316,25 @@ def parse_args(argv=None):
     return args
 
 
+def make_evalset(task, args):
+    """{T: (inputs, targets)}: the held-out sequences, from their own random stream."""
+    _, batch_fn = make_task(task, args)
+    eval_rng = np.random.default_rng([12345, ord(task[0])])
+    return {T: batch_fn(eval_rng, args.eval_samples, T) for T in args.lengths}
+
+
+def last_push_baseline(evalset):
+    """Stack accuracy of a memoryless guess, the most recently pushed symbol (right whenever a POP follows
+    a PUSH): what a model must beat to show that it tracks the stack."""
+    out = {}
+    for T, (inputs, targets) in evalset.items():
+        last = np.maximum.accumulate(np.where(inputs > 0, np.arange(T), 0), axis=1)   # index of the last push
+        guess = np.take_along_axis(inputs, last, axis=1)
+        mask = targets >= 0
+        out[T] = float((guess[mask] == targets[mask]).mean())
+    return out
+
+
 def unit_path(args, task, arm, seed):
     return os.path.join(args.out_dir, "runs", f"{task}_{arm}_seed{seed}.json")
 
@@ -321,9 +344,7 @@ def run_unit(task, arm, seed, args):
     finished run is saved at once, so --report_only can write the report from whatever has finished."""
     torch.set_num_threads(args.threads)
     vocab, batch_fn = make_task(task, args)
-    eval_rng = np.random.default_rng([12345, ord(task[0])])                # held out: its own stream
-    evalset = {T: batch_fn(eval_rng, args.eval_samples, T) for T in args.lengths}
-    run = train_arm(arm, task, vocab, batch_fn, evalset, seed, args)
+    run = train_arm(arm, task, vocab, batch_fn, make_evalset(task, args), seed, args)
     os.makedirs(os.path.dirname(unit_path(args, task, arm, seed)), exist_ok=True)
     with open(unit_path(args, task, arm, seed), "w") as f:
         json.dump(run, f)

@@ -106,3 +106,9 @@ def test_decode_cost_quick_run_measures_every_pattern(tmp_path):
     assert by["A", 256]["cache_bytes"] > 3 * by["A", 64]["cache_bytes"]      # grows with the context
     assert by["KKKA", 256]["cache_bytes"] < by["A", 256]["cache_bytes"] / 2
     assert all(r["ms_median"] > 0 for r in rows)
+
+
+def test_last_push_baseline_misses_pops_below_the_top():
+    inputs = np.array([[3, 0, 5, 7, 0, 0]])                # push 3, pop, push 5, push 7, pop, pop
+    targets = np.array([[-1, 3, -1, -1, 7, 5]])
+    assert long_context.last_push_baseline({6: (inputs, targets)})[6] == pytest.approx(2 / 3)
