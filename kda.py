@@ -238,17 +238,26 @@ class KimiDeltaAttention(nn.Module):
 
     cache (optional dict) carries the decoding state across calls: "conv" (the last conv_size − 1
     projected inputs, [B, 3·H·K, conv_size − 1]) and "state" (the KDA state, [B,H,K,V] float32). Its size
-    does not grow with the sequence, so each decoded token costs the same time and memory."""
+    does not grow with the sequence, so each decoded token costs the same time and memory.
 
-    def __init__(self, d_model, n_heads, head_dim, conv_size=4, backend="auto", norm_eps=1e-5, init_std=0.02):
+    gate="channel" is KDA: one forget rate per key channel, g [B,T,H,K]. gate="head" is Gated DeltaNet's
+    gating (arXiv 2412.06464): one forget rate per head, shared by its K channels. The two differ only in
+    the gate's up-projection (head_dim -> H·K or -> H) and dt_bias (H·K or H values); everything else,
+    including the op, is the same (the head rate is broadcast over K before the op)."""
+
+    def __init__(self, d_model, n_heads, head_dim, conv_size=4, backend="auto", norm_eps=1e-5, init_std=0.02,
+                 gate="channel"):
         super().__init__()
         if backend not in ("auto", "ref", "triton"):
             raise ValueError(f"KimiDeltaAttention: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
+        if gate not in ("channel", "head"):
+            raise ValueError(f"KimiDeltaAttention: gate must be 'channel' (KDA) or 'head' (Gated DeltaNet), "
+                             f"got {gate!r}")
         if min(d_model, n_heads, head_dim, conv_size) < 1:
             raise ValueError(f"KimiDeltaAttention: d_model, n_heads, head_dim, conv_size must be >= 1, got "
                              f"{d_model}, {n_heads}, {head_dim}, {conv_size}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
-        self.conv_size, self.backend, self.norm_eps = conv_size, backend, norm_eps
+        self.conv_size, self.backend, self.norm_eps, self.gate = conv_size, backend, norm_eps, gate
         inner = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=False)
         self.k_proj = nn.Linear(d_model, inner, bias=False)
@@ -256,13 +265,15 @@ class KimiDeltaAttention(nn.Module):
         # one depthwise causal conv over the concatenated q|k|v channels (depthwise, so this equals three
         # separate convs) keeps a single conv state in the cache
         self.conv = nn.Conv1d(3 * inner, 3 * inner, conv_size, groups=3 * inner, bias=False)
-        # forget gate: low rank D -> head_dim -> H·K, then g = −exp(A_log)·softplus(· + dt_bias) ≤ 0
+        # forget gate: low rank D -> head_dim -> H·K (channel) or H (head), then
+        # g = −exp(A_log)·softplus(· + dt_bias) ≤ 0
+        gate_dim = inner if gate == "channel" else n_heads
         self.f_a_proj = nn.Linear(d_model, head_dim, bias=False)
-        self.f_b_proj = nn.Linear(head_dim, inner, bias=False)
+        self.f_b_proj = nn.Linear(head_dim, gate_dim, bias=False)
         # A_log and dt_bias stay float32 and should get no weight decay (their names let optimizers find them).
         # Published inits: A = U(1, 16); dt log-uniform in [1e-3, 1e-1], stored as softplus⁻¹(dt).
         self.A_log = nn.Parameter(torch.empty(n_heads, dtype=torch.float32).uniform_(1, 16).log())
-        dt = torch.exp(torch.rand(inner) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
+        dt = torch.exp(torch.rand(gate_dim) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.b_proj = nn.Linear(d_model, n_heads, bias=False)           # β = sigmoid(b(x)), one per head
         # output gate: low rank D -> head_dim -> H·V, sigmoid, on a per-head RMSNorm of the KDA output
@@ -311,8 +322,9 @@ class KimiDeltaAttention(nn.Module):
         # the delta rule's write (I − β k kᵀ) a contraction for β ∈ [0, 1]
         q = (q.float() * torch.rsqrt(q.float().pow(2).sum(-1, keepdim=True) + 1e-6)).to(v.dtype)
         k = (k.float() * torch.rsqrt(k.float().pow(2).sum(-1, keepdim=True) + 1e-6)).to(v.dtype)
-        gate_logits = self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, K)
-        g = -self.A_log.exp()[:, None] * F.softplus(gate_logits + self.dt_bias.view(H, K))  # [B,T,H,K] ≤ 0
+        gate_logits = self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, -1)   # [B,T,H,K] or [B,T,H,1]
+        g = -self.A_log.exp()[:, None] * F.softplus(gate_logits + self.dt_bias.view(H, -1))  # ≤ 0
+        g = g.expand(B, T, H, K).contiguous()    # a head gate decays all K rows of its state alike
         beta = torch.sigmoid(self.b_proj(x).float())                       # [B,T,H]
         if valid is not None:  # pads: no write (beta = 0), no decay (g = 0)
             beta = beta * valid[:, :, None]

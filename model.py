@@ -38,6 +38,7 @@ class Config:
     attnres_block_size: int = 4      # sublayers per block for attnres_block (block size 1 = full)
     kda_n_head: int = 0              # 0 = n_head
     kda_head_dim: int = 0            # 0 = n_embd // n_head
+    kda_gate: str = "channel"        # channel (KDA: a forget rate per key channel) | head (Gated DeltaNet)
     backend: str = "auto"            # kernels: auto (Triton on CUDA, reference on CPU) | ref | triton
     vision: bool = False             # early-fusion image tokens (vision.py)
     vision_patch_size: int = 4       # pixels per patch side; 2x2 patches merge into one LM token
@@ -53,6 +54,8 @@ class Config:
             raise ValueError(f"residual={self.residual!r}: use standard | attnres_full | attnres_block")
         if self.rope not in ("auto", "rope", "nope"):
             raise ValueError(f"rope={self.rope!r}: use auto | rope | nope")
+        if self.kda_gate not in ("channel", "head"):
+            raise ValueError(f"kda_gate={self.kda_gate!r}: use channel (KDA) | head (Gated DeltaNet)")
         if self.backend not in ("auto", "ref", "triton"):
             raise ValueError(f"backend={self.backend!r}: use auto | ref | triton")
         if self.n_embd % self.n_head:
@@ -124,7 +127,11 @@ def max_logit_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Ten
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal attention through SDPA; grouped KV heads; RoPE or NoPE; a KV cache."""
+    """Multi-head causal attention through SDPA; grouped KV heads; RoPE or NoPE; a KV cache.
+
+    The cache dict holds preallocated buffers "k", "v" [B, Hkv, capacity, Dh] and "len" (tokens held).
+    Capacity is cache["max_len"] when the caller sets it before the first call, else block_size; a full
+    buffer doubles. So a decoded token writes only its own K and V instead of copying the whole cache."""
 
     def __init__(self, config: Config):
         super().__init__()
@@ -132,6 +139,7 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = config.n_kv_head or config.n_head
         self.head_dim = config.n_embd // config.n_head
         self.use_rope, self.rope_theta = config.use_rope, config.rope_theta
+        self.block_size = config.block_size
         D, Dh = config.n_embd, self.head_dim
         self.q_proj = nn.Linear(D, self.n_head * Dh, bias=False)
         self.k_proj = nn.Linear(D, self.n_kv_head * Dh, bias=False)
@@ -148,7 +156,7 @@ class CausalSelfAttention(nn.Module):
         q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # [B, H, T, Dh]
         k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
         v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
-        past = cache["k"].shape[2] if cache else 0
+        past = cache.get("len", 0) if cache is not None else 0
         if self.use_rope:
             q, k = apply_rope(q, past, self.rope_theta), apply_rope(k, past, self.rope_theta)
         if self.record_max_logit and self.training:
@@ -156,9 +164,7 @@ class CausalSelfAttention(nn.Module):
             new = self._max_logit(q.detach(), k.detach()).amax(dim=0)                  # [H]
             self.max_logit = new if self.max_logit is None else torch.maximum(self.max_logit, new)
         if cache is not None:
-            if past:
-                k, v = torch.cat([cache["k"], k], dim=2), torch.cat([cache["v"], v], dim=2)
-            cache["k"], cache["v"] = k, v
+            k, v = self._cache_append(cache, k, v)                                     # [B, Hkv, past+T, Dh]
         if self.n_kv_head != self.n_head:
             k = k.repeat_interleave(self.n_head // self.n_kv_head, dim=1)             # [B, H, S, Dh]
             v = v.repeat_interleave(self.n_head // self.n_kv_head, dim=1)
@@ -207,6 +213,25 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)              # [B, T, H*Dh]
         return self.o_proj(y)
 
+    def _cache_append(self, cache: dict, k: torch.Tensor, v: torch.Tensor):
+        """Write k, v [B, Hkv, T, Dh] at positions len..len+T of the cache buffers; return views of all
+        cached keys and values [B, Hkv, len+T, Dh]. Doubling on overflow keeps the copies amortised O(1)
+        per token (torch.cat would copy the whole cache every token)."""
+        B, Hkv, T, Dh = k.shape
+        past, need = cache.get("len", 0), cache.get("len", 0) + T
+        buf_k, buf_v = cache.get("k"), cache.get("v")
+        if buf_k is not None and buf_k.shape[0] != B:
+            raise ValueError(f"CausalSelfAttention: cache holds batch {buf_k.shape[0]}, x has batch {B}")
+        if buf_k is None or buf_k.shape[2] < need:
+            cap = max(need, cache.get("max_len", self.block_size)) if buf_k is None else max(need, 2 * buf_k.shape[2])
+            new_k, new_v = k.new_empty(B, Hkv, cap, Dh), v.new_empty(B, Hkv, cap, Dh)
+            if past:
+                new_k[:, :, :past], new_v[:, :, :past] = buf_k[:, :, :past], buf_v[:, :, :past]
+            cache["k"], cache["v"] = buf_k, buf_v = new_k, new_v
+        buf_k[:, :, past:need], buf_v[:, :, past:need] = k, v
+        cache["len"] = need
+        return buf_k[:, :, :need], buf_v[:, :, :need]
+
     def _max_logit(self, q, k):
         try:  # the tiled kernel when muonclip.py provides it; exact logits otherwise
             from muonclip import max_logit
@@ -240,7 +265,8 @@ class Block(nn.Module):
             from kda import KimiDeltaAttention
             self.mixer = KimiDeltaAttention(
                 d_model=config.n_embd, n_heads=config.kda_n_head or config.n_head,
-                head_dim=config.kda_head_dim or config.n_embd // config.n_head, backend=config.backend)
+                head_dim=config.kda_head_dim or config.n_embd // config.n_head, backend=config.backend,
+                gate=config.kda_gate)
         self.norm2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = SwiGLU(config)
 
