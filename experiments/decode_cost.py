@@ -87,7 +87,8 @@ def decode_step(model, caches, nxt, device):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="cache bytes and per-token decode latency vs context for A, KKKA, K")
+    ap = argparse.ArgumentParser(description="cache bytes and per-token decode latency vs context for A, KKKA, K",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny model and contexts (seconds), for the test")
     ap.add_argument("--contexts", default="1024,4096,16384", help="comma-separated context lengths")
     ap.add_argument("--patterns", default="A,KKKA,K", help="comma-separated layer patterns")

@@ -273,7 +273,8 @@ def write_report(runs, args, out_dir, device, wall):
 
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="MQAR and Stack vs length: KDA, head-gate KDA (Gated DeltaNet), "
-                                             "full attention, 3:1 hybrid")
+                                             "full attention, 3:1 hybrid",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny shapes and a few steps (seconds), for the test")
     ap.add_argument("--steps", type=int, default=600, help="optimizer steps per arm (equal for every arm)")
     ap.add_argument("--seed", type=int, default=0, help="first seed (model init and data order)")
