@@ -27,11 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config, sm_count
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_D = 16384  # one token's row lives in registers; beyond this the kernel would spill badly
-# Elements per [BLOCK_M, BLOCK_D] tile. Small under the interpreter so that tests with a few
-# dozen tokens still cover several tiles, partial tiles and several tiles per backward program.
-TILE_ELEMS = 512 if INTERPRET else 4096
 
 
 @triton.jit
@@ -134,18 +133,21 @@ def _attnres_bwd_kernel(
             dq_ptrs += n_programs * D
 
 
-def _launch_shape(M: int, D: int):
+def launch_shape(M: int, D: int, gpu: bool):
+    """(BLOCK_M tokens, BLOCK_D >= D, num_warps) of one forward or backward launch."""
     block_d = triton.next_power_of_2(D)
-    block_m = max(1, min(TILE_ELEMS // block_d, triton.next_power_of_2(M)))
-    num_warps = 1 if INTERPRET else (4 if block_m * block_d <= 2048 else 8)
+    # Elements per [BLOCK_M, BLOCK_D] tile. Small under the interpreter so that tests with a few
+    # dozen tokens still cover several tiles, partial tiles and several tiles per backward program.
+    tile_elems = 4096 if gpu else 512
+    block_m = max(1, min(tile_elems // block_d, triton.next_power_of_2(M)))
+    num_warps = (4 if block_m * block_d <= 2048 else 8) if gpu else 1
     return block_m, block_d, num_warps
 
 
-def _num_backward_programs(n_tiles: int, device: torch.device) -> int:
-    if INTERPRET or device.type != "cuda":
+def _num_backward_programs(n_tiles: int, device: torch.device, gpu: bool) -> int:
+    if not gpu:
         return min(n_tiles, 3)  # small and odd, so programs own uneven numbers of tiles in tests
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(n_tiles, 8 * sms)
+    return min(n_tiles, 8 * sm_count(device))
 
 
 def attnres_fwd(sources: torch.Tensor, queries: torch.Tensor, eps: float):
@@ -159,7 +161,7 @@ def attnres_fwd(sources: torch.Tensor, queries: torch.Tensor, eps: float):
     lse = torch.empty((S, M), device=sources.device, dtype=torch.float32)
     if M == 0:
         return out, mx, lse
-    block_m, block_d, num_warps = _launch_shape(M, D)
+    block_m, block_d, num_warps = launch_shape(M, D, gpu_config(sources))
     n_tiles = triton.cdiv(M, block_m)
     _attnres_fwd_kernel[(n_tiles * S,)](
         sources, queries, out, mx, lse,
@@ -175,9 +177,10 @@ def attnres_bwd(sources, queries, out, lse, dout, dlse, eps):
     S = queries.shape[0]
     if M == 0:
         return torch.zeros_like(sources), torch.zeros_like(queries)
-    block_m, block_d, num_warps = _launch_shape(M, D)
+    gpu = gpu_config(sources)
+    block_m, block_d, num_warps = launch_shape(M, D, gpu)
     n_tiles = triton.cdiv(M, block_m)
-    n_programs = _num_backward_programs(n_tiles, sources.device)
+    n_programs = _num_backward_programs(n_tiles, sources.device, gpu)
     accumulate = S > 1
     if accumulate:
         dsources = torch.zeros((N, M, D), device=sources.device, dtype=torch.float32)

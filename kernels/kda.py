@@ -45,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config
+
 CHUNK = 64      # tokens per chunk
 SUB = 16        # rows per sub-chunk (the anchor span)
 MAX_K = 128
@@ -451,13 +453,13 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
 # -----------------------------------------------------------------------------------------------------
 # host side
 
-def _settings(device, dtype, K, V):
+def _settings(gpu, dtype, K, V):
     """Block sizes, warps and dot precision. The interpreter runs each program as numpy code, so there
     fewer and wider programs are faster. On a GPU the tiles are sized so that no kernel spills registers
     at K = V = 128 on sm_90 (checked with the compiler, not yet timed on a device)."""
     BK = max(16, triton.next_power_of_2(K))
     bv_full = max(16, triton.next_power_of_2(V))
-    if device.type != "cuda":
+    if not gpu:
         one = dict(num_warps=1, num_stages=1)
         return dict(BK=BK, BKS=BK, BKD=BK, BV=bv_full, BV_STATE=bv_full, BV_CHUNK=bv_full, PREC="ieee", PREC_HI="ieee",
                     l_cumsum=one, l_intra=one, l_solve=one, l_state=one, l_state_bwd=one, l_out=one,
@@ -479,7 +481,7 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, for_backward=False
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     Tp, BH = NT * CHUNK, B * H
-    c = _settings(q.device, q.dtype, K, V)
+    c = _settings(gpu_config(q), q.dtype, K, V)
     f32 = dict(device=q.device, dtype=torch.float32)
     # internal buffers are [B*H, Tp, .] with T padded to whole chunks (Tp = NT * 64)
     gc = torch.empty(BH, Tp, K, **f32)                  # chunk-local cumsum of g
@@ -514,7 +516,7 @@ def _backward(q, k, v, g, beta, scale, h0, do, dht):
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     Tp, BH = NT * CHUNK, B * H
-    c = _settings(q.device, q.dtype, K, V)
+    c = _settings(gpu_config(q), q.dtype, K, V)
     # recompute the forward intermediates instead of keeping them alive between forward and backward
     _, _, (gc, Aqk, Akk, X, W, Kd, Qg, h, vn) = _forward(q, k, v, g, beta, scale, h0, False, for_backward=True)
     f32 = dict(device=q.device, dtype=torch.float32)

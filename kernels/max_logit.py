@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config
+
 
 @triton.jit
 def _max_logit_kernel(
@@ -57,6 +59,14 @@ def _max_logit_kernel(
     tl.store(Out + bh * n_tiles + pid_m, tl.max(row_max, axis=0))
 
 
+def launch_config(Dh: int, dtype: torch.dtype, gpu: bool) -> dict:
+    """Tile sizes and warps of one launch: BLOCK_M queries x BLOCK_N keys x BLOCK_D (head dim, padded)."""
+    block_d = max(16, triton.next_power_of_2(Dh))
+    if not gpu:  # the interpreter: small tiles keep it quick
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=1)
+    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
+
+
 def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
     """Per-(batch, head) causal max of scale·q·kᵀ; q [B, H, T, Dh], k [B, Hkv, T, Dh] -> float32 [B, H].
 
@@ -64,17 +74,12 @@ def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Te
     """
     B, H, T, Dh = q.shape
     Hkv = k.shape[1]
-    if q.is_cuda:
-        block_m, block_n, warps = 64, 64, 4
-    else:  # the interpreter: small tiles keep it quick
-        block_m, block_n, warps = 16, 32, 1
-    block_d = max(16, triton.next_power_of_2(Dh))
-    n_tiles = triton.cdiv(T, block_m)
+    cfg = launch_config(Dh, q.dtype, gpu_config(q))
+    n_tiles = triton.cdiv(T, cfg["BLOCK_M"])
     out = torch.empty(B * H, n_tiles, device=q.device, dtype=torch.float32)
     _max_logit_kernel[(n_tiles, B * H)](
         q, k, out, T, H, Dh, H // Hkv, float(scale), n_tiles,
         *q.stride(), *k.stride(),
-        IEEE_FP32=q.dtype == torch.float32, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=warps,
+        IEEE_FP32=q.dtype == torch.float32, **cfg,
     )
     return out.amax(dim=1).view(B, H)

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config
+
 
 @triton.jit
 def _sym_gram_kernel(
@@ -103,7 +105,7 @@ def sym_gram(P: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, add: torch.
     add_t = add if add is not None else C  # a dummy pointer when HAS_ADD is False; never read
     args = (P, add_t, C, M, K, *P.stride(), *add_t.stride(), *C.stride(), float(alpha), float(beta))
     flags = dict(HAS_ADD=add is not None, IEEE_FP32=P.dtype == torch.float32)
-    if P.is_cuda:
+    if gpu_config(P):
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK"]), triton.cdiv(M, meta["BLOCK"]), batch)  # noqa: E731
         _sym_gram_tuned[grid](*args, **flags)
     else:
