@@ -60,7 +60,8 @@ MAX_V = 256
 def _cumsum_fwd(g, gc, T, Tp, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    rows = i_t * BT + tl.arange(0, BT)
+    # token rows in int64: row * H * K passes 2^31 at T * H * K >= 2^31 (e.g. T = 512k at H * K = 4096)
+    rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BK)
     m = (rows[:, None] < T) & (cols[None, :] < K)
     x = tl.load(g + (i_b * T + rows[:, None]) * H * K + i_h * K + cols[None, :], mask=m, other=0.0)
@@ -77,7 +78,7 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
+    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_c = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     o_d = tl.arange(0, BKD)
@@ -136,7 +137,7 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
+    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     a_base = i_bh * Tp * BT
@@ -231,7 +232,7 @@ def _output_fwd(q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.c
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
-    rows = i_t * BT + o_t
+    rows = i_t.to(tl.int64) * BT + o_t
     mk = o_k < K
     mv = o_v < V
     mt = rows < T
@@ -295,7 +296,7 @@ def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = tl.arange(0, BT)
-    rows = i_t * BT + o_t
+    rows = i_t.to(tl.int64) * BT + o_t
     mt = rows < T
     b = tl.load(beta + (i_b * T + rows) * H + i_h, mask=mt, other=0.0).to(tl.float32)
     Xf = tl.load(X + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
@@ -387,7 +388,7 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
     i_t, i_kd, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
+    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_c = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     cols = i_kd * BKD + tl.arange(0, BKD)

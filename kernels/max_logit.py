@@ -36,7 +36,8 @@ def _max_logit_kernel(
     Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     K += b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # int64 token indices: offs * stride_qt reaches 2^31 at T * H * Dh >= 2^31 for a [B, T, H, Dh] view
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
                 mask=(offs_m[:, None] < T) & (offs_d[None, :] < Dh), other=0.0)  # [BLOCK_M, BLOCK_D]
@@ -44,7 +45,7 @@ def _max_logit_kernel(
     # causal: the last query of this tile sees keys 0 .. its own index, so stop after that key tile
     hi = tl.minimum((pid_m + 1) * BLOCK_M, T)
     for n0 in range(0, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         kt = tl.load(K + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
                      mask=(offs_n[None, :] < T) & (offs_d[:, None] < Dh), other=0.0)  # [BLOCK_D, BLOCK_N]
         if IEEE_FP32:
@@ -56,7 +57,7 @@ def _max_logit_kernel(
         s = tl.where(keep, s, float("-inf"))
         row_max = tl.maximum(row_max, tl.max(s, axis=1))
     row_max = tl.where(offs_m < T, row_max, float("-inf"))  # padded query rows do not count
-    tl.store(Out + bh * n_tiles + pid_m, tl.max(row_max, axis=0))
+    tl.store(Out + bh.to(tl.int64) * n_tiles + pid_m, tl.max(row_max, axis=0))
 
 
 def launch_config(Dh: int, dtype: torch.dtype, gpu: bool) -> dict:
