@@ -122,6 +122,7 @@ class CausalSelfAttention(nn.Module):
         self.n_kv_head = config.n_kv_head or config.n_head
         self.head_dim = config.n_embd // config.n_head
         self.use_rope, self.rope_theta = config.use_rope, config.rope_theta
+        self.backend = config.backend  # for the max-logit kernel
         D, Dh = config.n_embd, self.head_dim
         self.q_proj = nn.Linear(D, self.n_head * Dh, bias=False)
         self.k_proj = nn.Linear(D, self.n_kv_head * Dh, bias=False)
@@ -166,7 +167,7 @@ class CausalSelfAttention(nn.Module):
             from muonclip import max_logit
         except ImportError:
             return max_logit_exact(q, k, self.head_dim ** -0.5)
-        return max_logit(q, k, self.head_dim ** -0.5)
+        return max_logit(q, k, self.head_dim ** -0.5, backend=self.backend)
 
 
 class SwiGLU(nn.Module):
