@@ -133,15 +133,19 @@ def _attnres_bwd_kernel(
             dq_ptrs += n_programs * D
 
 
-def launch_shape(M: int, D: int, gpu: bool):
+def launch_shape(M: int, D: int, gpu: bool, backward: bool = False):
     """(BLOCK_M tokens, BLOCK_D >= D, num_warps) of one forward or backward launch."""
     block_d = triton.next_power_of_2(D)
     # Elements per [BLOCK_M, BLOCK_D] tile. Small under the interpreter so that tests with a few
     # dozen tokens still cover several tiles, partial tiles and several tiles per backward program.
-    tile_elems = 4096 if gpu else 512
+    # The backward keeps about six tiles live (v, dh, h, dv, dq_acc and the q broadcast): at 4096
+    # elements it reached 255 registers and spilled 1,100 bytes (fp32, D = 100, tests/compile_check.py),
+    # so it takes half the tile on 8 warps: 8 elements per thread per tile instead of 16.
+    tile_elems = (2048 if backward else 4096) if gpu else 512
     block_m = max(1, min(tile_elems // block_d, triton.next_power_of_2(M)))
-    num_warps = (4 if block_m * block_d <= 2048 else 8) if gpu else 1
-    return block_m, block_d, num_warps
+    if not gpu:
+        return block_m, block_d, 1
+    return block_m, block_d, 8 if backward or block_m * block_d > 2048 else 4
 
 
 def _num_backward_programs(n_tiles: int, device: torch.device, gpu: bool) -> int:
@@ -178,7 +182,7 @@ def attnres_bwd(sources, queries, out, lse, dout, dlse, eps):
     if M == 0:
         return torch.zeros_like(sources), torch.zeros_like(queries)
     gpu = gpu_config(sources)
-    block_m, block_d, num_warps = launch_shape(M, D, gpu)
+    block_m, block_d, num_warps = launch_shape(M, D, gpu, backward=True)
     n_tiles = triton.cdiv(M, block_m)
     n_programs = _num_backward_programs(n_tiles, sources.device, gpu)
     accumulate = S > 1

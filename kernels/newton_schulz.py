@@ -74,13 +74,23 @@ def _sym_gram_kernel(
 
 
 # GPU: a few standard tile shapes, tuned once per (M, K). BLOCK is both tile sides (the mirror needs square tiles).
+# bf16/fp16 (the speed path) runs on tensor cores, whose operands live in shared memory.
 _GPU_CONFIGS = [
     triton.Config({"BLOCK": 128, "BLOCK_K": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK": 128, "BLOCK_K": 32}, num_warps=4, num_stages=4),
     triton.Config({"BLOCK": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK": 64, "BLOCK_K": 32}, num_warps=4, num_stages=4),
 ]
-_sym_gram_tuned = triton.autotune(configs=_GPU_CONFIGS, key=["M", "K", "HAS_ADD", "IEEE_FP32"])(_sym_gram_kernel)
+# float32 with input_precision="ieee" has no tensor-core path: the products are FMAs on operands held in
+# registers: 128-wide tiles spilled (tests/compile_check.py, sm_80 and sm_90), and 64-wide ones with 4 warps
+# still spilled 56 bytes on sm_80; 8 warps halve each thread's share of the tile.
+_GPU_CONFIGS_FP32 = [
+    triton.Config({"BLOCK": 64, "BLOCK_K": 32}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK": 32, "BLOCK_K": 32}, num_warps=4, num_stages=2),
+]
+_KEY = ["M", "K", "HAS_ADD", "IEEE_FP32"]
+_sym_gram_tuned = triton.autotune(configs=_GPU_CONFIGS, key=_KEY)(_sym_gram_kernel)
+_sym_gram_tuned_fp32 = triton.autotune(configs=_GPU_CONFIGS_FP32, key=_KEY)(_sym_gram_kernel)
 
 # interpreter (CPU tests): fixed small tiles, no autotune
 _INTERPRET_BLOCK, _INTERPRET_BLOCK_K = 32, 32
@@ -107,7 +117,8 @@ def sym_gram(P: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, add: torch.
     flags = dict(HAS_ADD=add is not None, IEEE_FP32=P.dtype == torch.float32)
     if gpu_config(P):
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK"]), triton.cdiv(M, meta["BLOCK"]), batch)  # noqa: E731
-        _sym_gram_tuned[grid](*args, **flags)
+        tuned = _sym_gram_tuned_fp32 if flags["IEEE_FP32"] else _sym_gram_tuned
+        tuned[grid](*args, **flags)
     else:
         nb = triton.cdiv(M, _INTERPRET_BLOCK)
         _sym_gram_kernel[(nb, nb, batch)](*args, **flags, BLOCK=_INTERPRET_BLOCK, BLOCK_K=_INTERPRET_BLOCK_K)
