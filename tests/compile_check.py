@@ -108,14 +108,12 @@ def _attnres(N, M, D, dtype, S=1, backward=True):
     return run
 
 
-def _gpu_default_model():
-    """The GPU default of train.py (TrainConfig.model), with its batch: what `python train.py` launches on a
-    GPU under bf16 autocast, plus the block-AttnRes variant of the same model."""
-    import train
+def _model(label, c, B, attnres=True):
+    """The kernel launches of one training step of model.Config c at batch B under bf16 autocast: KDA
+    layers (float32 gates), the attention layers' max logit, Newton-Schulz on every Muon matrix, and (if
+    `attnres`) block AttnRes reads over a growing number of sources."""
     from model import GPT
-    tc = train.TrainConfig()
-    c = tc.model
-    B, T, D, H = tc.batch_size, c.block_size, c.n_embd, c.n_head
+    T, D, H = c.block_size, c.n_embd, c.n_head
     Hkv, Dh = c.n_kv_head or H, D // H
     Hk, Kk = c.kda_n_head or H, c.kda_head_dim or D // H
     with torch.device("meta"):
@@ -123,17 +121,31 @@ def _gpu_default_model():
     # Muon matrices: every 2-D Linear weight but the head, stacked by shape as MuonClip orthogonalises them
     mats = sorted({tuple(m.weight.shape) for name, m in model.named_modules()
                    if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head")})
-    work = [
-        (f"train.py GPU default: KDA B={B} T={T} H={Hk} K=V={Kk}", _kda(B, T, Hk, Kk, Kk, BF16, FP32, state=False)),
-        (f"train.py GPU default: max logit B={B} T={T} H={H} Dh={Dh}", _max_logit(B, H, Hkv, T, Dh, BF16)),
-        (f"train.py GPU default: Newton-Schulz {mats}", _ns(mats, BF16)),
-    ]
-    # block AttnRes over 2 * n_layer sublayers: sources grow from 1 to a few blocks; two-phase decoding
-    # reads with S = two_phase_group queries at once (forward only)
-    for n in (1, 2, 3, 5):
-        work.append((f"train.py GPU default + attnres_block: N={n} M={B * T} D={D}", _attnres(n, B * T, D, BF16)))
-    work.append((f"generate() with attnres_block: two-phase S=4, D={D}", _attnres(3, B, D, BF16, S=4, backward=False)))
+    work = [(f"{label}: max logit B={B} T={T} H={H} Dh={Dh}", _max_logit(B, H, Hkv, T, Dh, BF16)),
+            (f"{label}: Newton-Schulz {len(mats)} shapes", _ns(mats, BF16))]
+    if "K" in c.pattern:
+        work.insert(0, (f"{label}: KDA B={B} T={T} H={Hk} K=V={Kk}", _kda(B, T, Hk, Kk, Kk, BF16, FP32, state=False)))
+    if attnres:
+        # sources grow from 1 to a few blocks; two-phase decoding reads S = two_phase_group queries at
+        # once (forward only)
+        for n in (1, 2, 3, 5):
+            work.append((f"{label} + attnres_block: N={n} M={B * T} D={D}", _attnres(n, B * T, D, BF16)))
+        work.append((f"{label}: generate() two-phase S=4, D={D}", _attnres(3, B, D, BF16, S=4, backward=False)))
     return work
+
+
+def _gpu_default_model():
+    """The GPU default of train.py (TrainConfig.model) with its batch, what `python train.py` launches on a
+    GPU; its block-AttnRes variant; and the tiny model of tests/test_e2e.py, which tests/gpu.sh runs on
+    a GPU (its config is restated here: importing the test would switch Triton to its interpreter)."""
+    import train
+    from model import Config
+    tc = train.TrainConfig()
+    work = _model("train.py GPU default", tc.model, tc.batch_size)
+    e2e = Config(vocab_size=50304, block_size=80, n_layer=4, n_head=2, n_embd=32, pattern="KKKA",
+                 residual="attnres_block", attnres_block_size=2, vision=True)
+    e2e.vision_n_embd, e2e.vision_n_layer, e2e.vision_n_head = 16, 1, 2
+    return work + _model("tests/test_e2e.py on a GPU", e2e, 3)
 
 
 def workloads():
@@ -294,6 +306,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--jobs", type=int, default=2, help="compile processes")
     ap.add_argument("--only", default="", help="only kernels whose name contains one of these (comma-separated)")
+    ap.add_argument("--progress", action="store_true", help="a line on stderr per finished compile")
+    ap.add_argument("--workload", default="", help="only launches first seen in a workload containing one of these")
     a = ap.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         # triton.language's own @jit helpers (tl.max, tl.cumsum, ...) are interpreter objects then
@@ -304,16 +318,18 @@ def main(argv=None):
     t0 = time.time()
     known = all_kernels()
     todo, hit = jobs(workloads())
-    todo = [j for j in todo if any(part in j["kernel"] for part in a.only.split(","))]
+    todo = [j for j in todo if any(part in j["kernel"] for part in a.only.split(","))
+            and any(part in j["workload"] for part in a.workload.split(","))]
     print(f"Triton {triton.__version__}, torch {torch.__version__}: {len(known)} kernels in kernels/, "
           f"{len(todo)} compiles ({len(todo) // len(TARGETS)} launch configurations x sm_90a/sm_80), "
           f"{a.jobs} processes\n")
     with ProcessPoolExecutor(max_workers=a.jobs) as pool:
         results = []
-        for res in pool.map(compile_one, todo, chunksize=1):
+        for job, res in zip(todo, pool.map(compile_one, todo, chunksize=1)):
             results.append(res)
-            if len(results) % 20 == 0:
-                print(f"  {len(results)}/{len(todo)} compiled, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
+            if a.progress:
+                print(f"  [{len(results)}/{len(todo)} {time.time() - t0:.0f} s] {job['name']} {job['config']} "
+                      f"sm_{job['capability']}: {verdict(job, res)} {res}", file=sys.stderr, flush=True)
     print("| kernel | config | target | regs | spill st/ld B | smem B | verdict | first workload |")
     print("|---|---|---|---|---|---|---|---|")
     order = sorted(range(len(todo)), key=lambda i: (todo[i]["kernel"], todo[i]["config"], -todo[i]["capability"]))

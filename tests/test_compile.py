@@ -34,9 +34,9 @@ def test_every_kernel_has_a_recorded_gpu_launch(recorded):
 def test_gpu_configuration_is_recorded_not_the_interpreter_one(recorded):
     jobs, _ = recorded
     # the Newton-Schulz Gram kernel is autotuned on a GPU: every autotune config must be compiled
-    from kernels.newton_schulz import _GPU_CONFIGS
+    from kernels.newton_schulz import _GPU_CONFIGS, _GPU_CONFIGS_FP32
     ns = [j["config"] for j in jobs if j["name"] == "_sym_gram_kernel"]
-    for c in _GPU_CONFIGS:
+    for c in _GPU_CONFIGS + _GPU_CONFIGS_FP32:
         want = (f"BLOCK={c.kwargs['BLOCK']} BLOCK_K={c.kwargs['BLOCK_K']}", f"w{c.num_warps} s{c.num_stages}")
         assert any(all(w in cfg for w in want) for cfg in ns), f"autotune config {c} not compiled"
     # KDA on a GPU runs tf32 dots with 16-wide key slices; the interpreter uses ieee and whole rows
