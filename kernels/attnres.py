@@ -138,10 +138,16 @@ def launch_shape(M: int, D: int, gpu: bool, backward: bool = False):
     block_d = triton.next_power_of_2(D)
     # Elements per [BLOCK_M, BLOCK_D] tile. Small under the interpreter so that tests with a few
     # dozen tokens still cover several tiles, partial tiles and several tiles per backward program.
-    # The backward keeps about six tiles live (v, dh, h, dv, dq_acc and the q broadcast): at 4096
-    # elements it reached 255 registers and spilled 1,100 bytes (fp32, D = 100, tests/compile_check.py),
-    # so it takes half the tile on 8 warps: 8 elements per thread per tile instead of 16.
-    tile_elems = (2048 if backward else 4096) if gpu else 512
+    # GPU sizes are measured with tests/compile_check.py (registers and spills on sm_80 and sm_90a): the
+    # backward keeps about six tiles live (v, dh, h, dv, dq_acc, the q broadcast), and at 4096 elements on
+    # 8 warps it spilled 1,100 bytes (fp32, D = 100); 1024 elements on 8 warps (4 per thread) do not
+    # spill. The forward spilled 4 bytes on sm_80 with 2 rows of D = 2048 on 8 warps; one row on 4 fits.
+    if not gpu:
+        tile_elems = 512
+    elif backward:
+        tile_elems = 1024
+    else:
+        tile_elems = 2048 if block_d >= 2048 else 4096
     block_m = max(1, min(tile_elems // block_d, triton.next_power_of_2(M)))
     if not gpu:
         return block_m, block_d, 1
@@ -200,30 +206,36 @@ def attnres_bwd(sources, queries, out, lse, dout, dlse, eps):
 
 
 class AttnResFunction(torch.autograd.Function):
-    """(sources [N, M, D], queries [S, D] fp32, eps) -> (out [S, M, D], max [S, M], lse [S, M]).
+    """(queries [S, D] fp32, eps, *sources, each [M, D]) -> (out [S, M, D], max [S, M], lse [S, M]).
 
-    Saves only the sources (already alive in the model), the output and one float32 per token and
-    query; the max output carries no gradient (it is bookkeeping for the two-phase merge)."""
+    The sources come as separate tensors and are saved as themselves: they are alive in the model anyway
+    (sublayer outputs, block sums), so a stack of 16 sublayers saves each once, O(L) in all, instead of
+    a fresh [N, M, D] copy per read, O(L^2). The kernels want one [N, M, D] block, so forward and backward
+    each stack a transient copy that is freed when they return. Besides the sources, only the output and
+    one float32 per token and query are saved; the max output carries no gradient (it is bookkeeping for
+    the two-phase merge)."""
 
     @staticmethod
-    def forward(ctx, sources, queries, eps):
-        out, mx, lse = attnres_fwd(sources, queries, eps)
-        ctx.save_for_backward(sources, queries, out, lse)
+    def forward(ctx, queries, eps, *sources):
+        out, mx, lse = attnres_fwd(torch.stack(sources), queries, eps)
+        ctx.save_for_backward(queries, out, lse, *sources)
         ctx.eps = eps
         ctx.mark_non_differentiable(mx)
         return out, mx, lse
 
     @staticmethod
     def backward(ctx, dout, dmx, dlse):
-        sources, queries, out, lse = ctx.saved_tensors
+        queries, out, lse, *sources = ctx.saved_tensors
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         dlse = torch.zeros_like(lse) if dlse is None else dlse.contiguous().float()
-        dsources, dqueries = attnres_bwd(sources, queries, out, lse, dout, dlse, ctx.eps)
-        return dsources, dqueries, None
+        dsources, dqueries = attnres_bwd(torch.stack(sources), queries, out, lse, dout, dlse, ctx.eps)
+        return (dqueries, None, *dsources.unbind(0))
 
 
-def attnres_triton(sources: torch.Tensor, queries: torch.Tensor, eps: float):
-    """Autograd entry: sources [N, M, D], queries [S, D] (any float dtype; computed in fp32)."""
-    if sources.shape[-1] > MAX_D:
-        raise ValueError(f"fused attnres supports D <= {MAX_D}, got D={sources.shape[-1]}")
-    return AttnResFunction.apply(sources.contiguous(), queries.float().contiguous(), float(eps))
+def attnres_triton(sources, queries: torch.Tensor, eps: float):
+    """Autograd entry: sources a list of N tensors [M, D] (or one tensor [N, M, D]), queries [S, D] (any
+    float dtype; computed in fp32)."""
+    sources = list(sources.unbind(0)) if isinstance(sources, torch.Tensor) else list(sources)
+    if sources[0].shape[-1] > MAX_D:
+        raise ValueError(f"fused attnres supports D <= {MAX_D}, got D={sources[0].shape[-1]}")
+    return AttnResFunction.apply(queries.float().contiguous(), float(eps), *sources)
