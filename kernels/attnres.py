@@ -138,20 +138,19 @@ def launch_shape(M: int, D: int, gpu: bool, backward: bool = False):
     block_d = triton.next_power_of_2(D)
     # Elements per [BLOCK_M, BLOCK_D] tile. Small under the interpreter so that tests with a few
     # dozen tokens still cover several tiles, partial tiles and several tiles per backward program.
-    # GPU sizes are measured with tests/compile_check.py (registers and spills on sm_80 and sm_90a): the
-    # backward keeps about six tiles live (v, dh, h, dv, dq_acc, the q broadcast), and at 4096 elements on
-    # 8 warps it spilled 1,100 bytes (fp32, D = 100); 1024 elements on 8 warps (4 per thread) do not
-    # spill. The forward spilled 4 bytes on sm_80 with 2 rows of D = 2048 on 8 warps; one row on 4 fits.
+    # GPU sizes are measured with tests/compile_check.py (registers and spills on sm_80 and sm_90a). The
+    # backward keeps about six tiles live (v, dh, h, dv, dq_acc, the q broadcast): 4096-element tiles on
+    # 8 warps spilled 1,100 bytes (fp32, D = 100); at D <= 128 even 512- and 1024-element tiles on 8 warps
+    # spilled a few bytes (ptxas gave them 64-128 registers), while 1024 on 4 warps fit (fp32 with
+    # accumulated dv: 168/214 registers on sm_80/sm_90a, bf16: 157/144). The forward spilled 4 bytes on
+    # sm_80 with 2 rows of D = 2048 on 8 warps; one row on 4 warps fits.
     if not gpu:
-        tile_elems = 512
-    elif backward:
-        tile_elems = 1024
-    else:
-        tile_elems = 2048 if block_d >= 2048 else 4096
+        return max(1, min(512 // block_d, triton.next_power_of_2(M))), block_d, 1
+    tile_elems = 1024 if backward else (2048 if block_d >= 2048 else 4096)
     block_m = max(1, min(tile_elems // block_d, triton.next_power_of_2(M)))
-    if not gpu:
-        return block_m, block_d, 1
-    return block_m, block_d, 8 if backward or block_m * block_d > 2048 else 4
+    if backward:
+        return block_m, block_d, 4 if block_d <= 128 else 8
+    return block_m, block_d, 4 if block_m * block_d <= 2048 else 8
 
 
 def _num_backward_programs(n_tiles: int, device: torch.device, gpu: bool) -> int:

@@ -74,18 +74,18 @@ def _sym_gram_kernel(
 
 
 # GPU: a few standard tile shapes, tuned once per (M, K). BLOCK is both tile sides (the mirror needs square tiles).
-# bf16/fp16 (the speed path) runs on tensor cores, whose operands live in shared memory.
+# bf16/fp16 (the speed path) runs on tensor cores. The epilogue holds the float32 tile, the `add` tile and
+# two tiles of 64-bit pointers (the store and its mirror): 128-wide tiles reached 255 registers and
+# spilled 64-612 bytes with HAS_ADD under Triton 3.6 (tests/compile_check.py), so the tiles are 64 wide.
 _GPU_CONFIGS = [
-    triton.Config({"BLOCK": 128, "BLOCK_K": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK": 128, "BLOCK_K": 32}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK": 64, "BLOCK_K": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK": 64, "BLOCK_K": 32}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK": 64, "BLOCK_K": 32}, num_warps=8, num_stages=3),
 ]
 # float32 with input_precision="ieee" has no tensor-core path: the products are FMAs on operands held in
-# registers: 128-wide tiles spilled (tests/compile_check.py, sm_80 and sm_90), and 64-wide ones with 4 warps
-# still spilled 56 bytes on sm_80; 8 warps halve each thread's share of the tile.
+# registers. 128-wide tiles spilled (tests/compile_check.py, sm_80 and sm_90a), and so did 64-wide ones
+# (56 bytes on 4 warps, 8-12 bytes on 8 warps under Triton 3.9); 32-wide tiles do not.
 _GPU_CONFIGS_FP32 = [
-    triton.Config({"BLOCK": 64, "BLOCK_K": 32}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK": 32, "BLOCK_K": 32}, num_warps=4, num_stages=2),
 ]
 _KEY = ["M", "K", "HAS_ADD", "IEEE_FP32"]
