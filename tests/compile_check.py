@@ -29,6 +29,7 @@ import io
 import os
 import pkgutil
 import re
+import shutil
 import sys
 import tempfile
 import time
@@ -313,8 +314,16 @@ def main(argv=None):
         # triton.language's own @jit helpers (tl.max, tl.cumsum, ...) are interpreter objects then
         sys.exit("compile_check: unset TRITON_INTERPRET; Triton imported in interpreter mode cannot compile")
     # a private, empty cache: every compile then runs ptxas (a cache hit would leave no register report)
-    os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kimi_nano_compile_check_")
+    cache = tempfile.mkdtemp(prefix="kimi_nano_compile_check_")
+    os.environ["TRITON_CACHE_DIR"] = cache
     os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated (3.10 changes it)
+    try:
+        return _run(a)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _run(a):
     t0 = time.time()
     known = all_kernels()
     todo, hit = jobs(workloads())
