@@ -50,8 +50,9 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Input checks: one clear line at the API boundary instead of a traceback from inside a kernel
 
 
-def _stack_sources(sources, D: int | None = None) -> torch.Tensor:
-    """A list of N tensors [..., D] or one tensor [N, ..., D] -> one tensor [N, ..., D]."""
+def _stack_sources(sources, D: int | None = None, stack: bool = True):
+    """A list of N tensors [..., D] or one tensor [N, ..., D] -> one tensor [N, ..., D] (checked), or with
+    stack=False the checked list of N tensors [..., D] (the fused path saves those, not a stacked copy)."""
     if isinstance(sources, (list, tuple)):
         if len(sources) == 0:
             raise ValueError("sources is an empty list: AttnRes needs at least one source")
@@ -64,18 +65,22 @@ def _stack_sources(sources, D: int | None = None) -> torch.Tensor:
                                  f"is {tuple(first.shape)} {first.dtype} on {first.device}")
         if first.dim() < 1:
             raise ValueError("each source must have a last dimension D")
-        sources = torch.stack(list(sources))                                  # [N, ..., D]
-    elif not isinstance(sources, torch.Tensor):
+        shape, dtype = (len(sources), *first.shape), first.dtype
+    elif isinstance(sources, torch.Tensor):
+        shape, dtype = tuple(sources.shape), sources.dtype
+    else:
         raise TypeError(f"sources must be a tensor or a list of tensors, got {type(sources).__name__}")
-    if sources.dim() < 2:
-        raise ValueError(f"sources must be [N, ..., D] with at least 2 dims, got shape {tuple(sources.shape)}")
-    if sources.shape[0] < 1:
+    if len(shape) < 2:
+        raise ValueError(f"sources must be [N, ..., D] with at least 2 dims, got shape {shape}")
+    if shape[0] < 1:
         raise ValueError("sources has N=0: AttnRes needs at least one source")
-    if sources.dtype not in FLOAT_DTYPES:
-        raise TypeError(f"sources dtype {sources.dtype} is not supported; use float32, bfloat16 or float16")
-    if D is not None and sources.shape[-1] != D:
-        raise ValueError(f"sources last dim {sources.shape[-1]} != query dim {D}")
-    return sources
+    if dtype not in FLOAT_DTYPES:
+        raise TypeError(f"sources dtype {dtype} is not supported; use float32, bfloat16 or float16")
+    if D is not None and shape[-1] != D:
+        raise ValueError(f"sources last dim {shape[-1]} != query dim {D}")
+    if stack:
+        return torch.stack(list(sources)) if isinstance(sources, (list, tuple)) else sources  # [N, ..., D]
+    return list(sources) if isinstance(sources, (list, tuple)) else list(sources.unbind(0))
 
 
 def _check_vectors(name: str, t, D: int, device, rows: int | None = None):
@@ -144,18 +149,19 @@ def attnres(query, sources, norm_weight, eps=1e-6, return_weights=False, backend
     _check_common(eps, backend)
     if not isinstance(query, torch.Tensor) or query.dim() != 1:
         raise ValueError(f"query must be a 1-D tensor [D], got {getattr(query, 'shape', type(query).__name__)}")
-    sources = _stack_sources(sources, query.shape[0])
-    _check_vectors("query", query, query.shape[0], sources.device)
-    _check_vectors("norm_weight", norm_weight, query.shape[0], sources.device)
-    if not _use_triton(backend, sources):
-        out, weights = _attnres_math(query, sources, norm_weight, eps)
+    srcs = _stack_sources(sources, query.shape[0], stack=False)              # N x [..., D]
+    _check_vectors("query", query, query.shape[0], srcs[0].device)
+    _check_vectors("norm_weight", norm_weight, query.shape[0], srcs[0].device)
+    if not _use_triton(backend, srcs[0]):
+        out, weights = _attnres_math(query, torch.stack(srcs), norm_weight, eps)
         return (out, weights) if return_weights else out
-    N, D = sources.shape[0], sources.shape[-1]
+    D = query.shape[0]
     folded = (query.float() * norm_weight.float()).unsqueeze(0)               # [1, D]: gain folded into q
-    out, _, lse = attnres_kernels.attnres_triton(sources.reshape(N, -1, D), folded, eps)  # [1, M, D]
-    out = out.reshape(sources.shape[1:])                                     # [..., D]
+    out, _, lse = attnres_kernels.attnres_triton([s.reshape(-1, D) for s in srcs], folded, eps)  # [1, M, D]
+    out = out.reshape(srcs[0].shape)                                         # [..., D]
     if not return_weights:
         return out
+    sources = torch.stack(srcs).detach()                                     # [N, ..., D]
     with torch.no_grad(), torch.autocast(sources.device.type, enabled=False):
         # for plots only: recompute the logits, reuse the kernel's log-sum-exp
         keys = F.rms_norm(sources.float(), (D,), eps=eps)
@@ -172,15 +178,15 @@ def attnres_stats(queries, sources, norm_weights, eps=1e-6, backend="auto"):
     if not isinstance(queries, torch.Tensor) or queries.dim() != 2:
         raise ValueError(f"queries must be a 2-D tensor [S, D], got {getattr(queries, 'shape', type(queries).__name__)}")
     S, D = queries.shape
-    sources = _stack_sources(sources, D)
-    _check_vectors("queries", queries, D, sources.device, rows=S)
-    _check_vectors("norm_weights", norm_weights, D, sources.device, rows=S)
+    srcs = _stack_sources(sources, D, stack=False)                           # N x [..., D]
+    _check_vectors("queries", queries, D, srcs[0].device, rows=S)
+    _check_vectors("norm_weights", norm_weights, D, srcs[0].device, rows=S)
     folded = queries.float() * norm_weights.float()                          # [S, D]
-    lead = sources.shape[1:-1]
-    if _use_triton(backend, sources):
-        N = sources.shape[0]
-        out, mx, lse = attnres_kernels.attnres_triton(sources.reshape(N, -1, D), folded, eps)
+    lead = srcs[0].shape[:-1]
+    if _use_triton(backend, srcs[0]):
+        out, mx, lse = attnres_kernels.attnres_triton([s.reshape(-1, D) for s in srcs], folded, eps)
         return out.reshape(S, *lead, D), mx.reshape(S, *lead), lse.reshape(S, *lead)
+    sources = torch.stack(srcs)                                              # [N, ..., D]
     with torch.autocast(sources.device.type, enabled=False):
         values = sources.float()                                              # [N, ..., D]
         keys = F.rms_norm(values, (D,), eps=eps)

@@ -206,18 +206,30 @@ def _check_inputs(q, k, v, g, beta, scale, initial_state, backend):
         raise ValueError(f"kda: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
 
 
+def resolve_backend(backend: str, on_cuda: bool, K: int, V: int) -> str:
+    """"auto" -> Triton on CUDA where the kernels support the head sizes, else the reference (so a config
+    that trains on CPU does not crash on a GPU); "ref" and "triton" stay as asked."""
+    if backend != "auto":
+        return backend
+    if not on_cuda:
+        return "ref"
+    import kernels.kda as triton_kda
+    return "triton" if K <= triton_kda.MAX_K and V <= triton_kda.MAX_V else "ref"
+
+
 def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False, backend="auto"):
     """Kimi Delta Attention. q, k, g (log decay ≤ 0): [B,T,H,K]; v: [B,T,H,V]; beta: [B,T,H];
     initial_state: [B,H,K,V] float32 or None; scale defaults to K^-0.5.
     Returns (o [B,T,H,V] in v's dtype, final_state [B,H,K,V] float32 or None).
 
     backend: "ref" (chunkwise PyTorch), "triton" (kernels/kda.py, CUDA, or CPU under TRITON_INTERPRET=1),
-    "auto" (Triton on CUDA tensors, the reference on CPU; a single token takes the recurrent step)."""
+    "auto" (Triton on CUDA tensors within the kernels' K <= 128, V <= 256, else the reference; a single
+    token takes the recurrent step)."""
     _check_inputs(q, k, v, g, beta, scale, initial_state, backend)
     if backend == "auto":
         if q.shape[1] == 1:  # one decoding step: the recurrence itself is cheapest, no chunk padding
             return kda_recurrent_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
-        backend = "triton" if q.is_cuda else "ref"
+        backend = resolve_backend("auto", q.is_cuda, q.shape[-1], v.shape[-1])
     if backend == "ref":
         return kda_chunk_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     # imported here so that kda.py (references, layer) works even where the kernels cannot load

@@ -140,6 +140,7 @@ class CausalSelfAttention(nn.Module):
         self.head_dim = config.n_embd // config.n_head
         self.use_rope, self.rope_theta = config.use_rope, config.rope_theta
         self.block_size = config.block_size
+        self.backend = config.backend  # for the max-logit kernel
         D, Dh = config.n_embd, self.head_dim
         self.q_proj = nn.Linear(D, self.n_head * Dh, bias=False)
         self.k_proj = nn.Linear(D, self.n_kv_head * Dh, bias=False)
@@ -237,7 +238,7 @@ class CausalSelfAttention(nn.Module):
             from muonclip import max_logit
         except ImportError:
             return max_logit_exact(q, k, self.head_dim ** -0.5)
-        return max_logit(q, k, self.head_dim ** -0.5)
+        return max_logit(q, k, self.head_dim ** -0.5, backend=self.backend)
 
 
 class SwiGLU(nn.Module):

@@ -267,7 +267,8 @@ class MuonClip(torch.optim.Optimizer):
 
         use_muon=False sends every parameter to AdamW with the same decay rules: the AdamW baseline
         (with qk_clip_tau=None) through the same code path. track_max_logit sets record_max_logit=True
-        on every attention module, so max logits are reported even when nothing is clipped.
+        on every attention module, so max logits are reported even when nothing is clipped. ns_backend
+        defaults to model.config.backend where the model has one (model.Config.backend governs every kernel).
         """
         roles = {}  # id(param) -> "muon" | "decay" | "no_decay"; a shared param takes the AdamW role
         params = {}
@@ -295,6 +296,8 @@ class MuonClip(torch.optim.Optimizer):
         if track_max_logit or qk_clip_tau is not None:
             for _, m in attention:
                 m.record_max_logit = True
+        # one switch for every kernel: a model.Config's backend also picks the Newton-Schulz path
+        kwargs.setdefault("ns_backend", getattr(getattr(model, "config", None), "backend", "auto"))
         return cls(groups, lr=lr, weight_decay=weight_decay, qk_clip_tau=qk_clip_tau,
                    attention_modules=attention, **kwargs)
 

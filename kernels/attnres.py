@@ -27,11 +27,10 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config, sm_count
+
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 MAX_D = 16384  # one token's row lives in registers; beyond this the kernel would spill badly
-# Elements per [BLOCK_M, BLOCK_D] tile. Small under the interpreter so that tests with a few
-# dozen tokens still cover several tiles, partial tiles and several tiles per backward program.
-TILE_ELEMS = 512 if INTERPRET else 4096
 
 
 @triton.jit
@@ -134,18 +133,30 @@ def _attnres_bwd_kernel(
             dq_ptrs += n_programs * D
 
 
-def _launch_shape(M: int, D: int):
+def launch_shape(M: int, D: int, gpu: bool, backward: bool = False):
+    """(BLOCK_M tokens, BLOCK_D >= D, num_warps) of one forward or backward launch."""
     block_d = triton.next_power_of_2(D)
-    block_m = max(1, min(TILE_ELEMS // block_d, triton.next_power_of_2(M)))
-    num_warps = 1 if INTERPRET else (4 if block_m * block_d <= 2048 else 8)
-    return block_m, block_d, num_warps
+    # Elements per [BLOCK_M, BLOCK_D] tile. Small under the interpreter so that tests with a few
+    # dozen tokens still cover several tiles, partial tiles and several tiles per backward program.
+    # GPU sizes are measured with tests/compile_check.py (registers and spills on sm_80 and sm_90a). The
+    # backward keeps about six tiles live (v, dh, h, dv, dq_acc, the q broadcast): 4096-element tiles on
+    # 8 warps spilled 1,100 bytes (fp32, D = 100); at D <= 128 even 512- and 1024-element tiles on 8 warps
+    # spilled a few bytes (ptxas gave them 64-128 registers), while 1024 on 4 warps fit (fp32 with
+    # accumulated dv: 168/214 registers on sm_80/sm_90a, bf16: 157/144). The forward spilled 4 bytes on
+    # sm_80 with 2 rows of D = 2048 on 8 warps; one row on 4 warps fits.
+    if not gpu:
+        return max(1, min(512 // block_d, triton.next_power_of_2(M))), block_d, 1
+    tile_elems = 1024 if backward else (2048 if block_d >= 2048 else 4096)
+    block_m = max(1, min(tile_elems // block_d, triton.next_power_of_2(M)))
+    if backward:
+        return block_m, block_d, 4 if block_d <= 128 else 8
+    return block_m, block_d, 4 if block_m * block_d <= 2048 else 8
 
 
-def _num_backward_programs(n_tiles: int, device: torch.device) -> int:
-    if INTERPRET or device.type != "cuda":
+def _num_backward_programs(n_tiles: int, device: torch.device, gpu: bool) -> int:
+    if not gpu:
         return min(n_tiles, 3)  # small and odd, so programs own uneven numbers of tiles in tests
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    return min(n_tiles, 8 * sms)
+    return min(n_tiles, 8 * sm_count(device))
 
 
 def attnres_fwd(sources: torch.Tensor, queries: torch.Tensor, eps: float):
@@ -159,7 +170,7 @@ def attnres_fwd(sources: torch.Tensor, queries: torch.Tensor, eps: float):
     lse = torch.empty((S, M), device=sources.device, dtype=torch.float32)
     if M == 0:
         return out, mx, lse
-    block_m, block_d, num_warps = _launch_shape(M, D)
+    block_m, block_d, num_warps = launch_shape(M, D, gpu_config(sources))
     n_tiles = triton.cdiv(M, block_m)
     _attnres_fwd_kernel[(n_tiles * S,)](
         sources, queries, out, mx, lse,
@@ -175,9 +186,10 @@ def attnres_bwd(sources, queries, out, lse, dout, dlse, eps):
     S = queries.shape[0]
     if M == 0:
         return torch.zeros_like(sources), torch.zeros_like(queries)
-    block_m, block_d, num_warps = _launch_shape(M, D)
+    gpu = gpu_config(sources)
+    block_m, block_d, num_warps = launch_shape(M, D, gpu, backward=True)
     n_tiles = triton.cdiv(M, block_m)
-    n_programs = _num_backward_programs(n_tiles, sources.device)
+    n_programs = _num_backward_programs(n_tiles, sources.device, gpu)
     accumulate = S > 1
     if accumulate:
         dsources = torch.zeros((N, M, D), device=sources.device, dtype=torch.float32)
@@ -193,30 +205,36 @@ def attnres_bwd(sources, queries, out, lse, dout, dlse, eps):
 
 
 class AttnResFunction(torch.autograd.Function):
-    """(sources [N, M, D], queries [S, D] fp32, eps) -> (out [S, M, D], max [S, M], lse [S, M]).
+    """(queries [S, D] fp32, eps, *sources, each [M, D]) -> (out [S, M, D], max [S, M], lse [S, M]).
 
-    Saves only the sources (already alive in the model), the output and one float32 per token and
-    query; the max output carries no gradient (it is bookkeeping for the two-phase merge)."""
+    The sources come as separate tensors and are saved as themselves: they are alive in the model anyway
+    (sublayer outputs, block sums), so a stack of 16 sublayers saves each once, O(L) in all, instead of
+    a fresh [N, M, D] copy per read, O(L^2). The kernels want one [N, M, D] block, so forward and backward
+    each stack a transient copy that is freed when they return. Besides the sources, only the output and
+    one float32 per token and query are saved; the max output carries no gradient (it is bookkeeping for
+    the two-phase merge)."""
 
     @staticmethod
-    def forward(ctx, sources, queries, eps):
-        out, mx, lse = attnres_fwd(sources, queries, eps)
-        ctx.save_for_backward(sources, queries, out, lse)
+    def forward(ctx, queries, eps, *sources):
+        out, mx, lse = attnres_fwd(torch.stack(sources), queries, eps)
+        ctx.save_for_backward(queries, out, lse, *sources)
         ctx.eps = eps
         ctx.mark_non_differentiable(mx)
         return out, mx, lse
 
     @staticmethod
     def backward(ctx, dout, dmx, dlse):
-        sources, queries, out, lse = ctx.saved_tensors
+        queries, out, lse, *sources = ctx.saved_tensors
         dout = torch.zeros_like(out) if dout is None else dout.contiguous()
         dlse = torch.zeros_like(lse) if dlse is None else dlse.contiguous().float()
-        dsources, dqueries = attnres_bwd(sources, queries, out, lse, dout, dlse, ctx.eps)
-        return dsources, dqueries, None
+        dsources, dqueries = attnres_bwd(torch.stack(sources), queries, out, lse, dout, dlse, ctx.eps)
+        return (dqueries, None, *dsources.unbind(0))
 
 
-def attnres_triton(sources: torch.Tensor, queries: torch.Tensor, eps: float):
-    """Autograd entry: sources [N, M, D], queries [S, D] (any float dtype; computed in fp32)."""
-    if sources.shape[-1] > MAX_D:
-        raise ValueError(f"fused attnres supports D <= {MAX_D}, got D={sources.shape[-1]}")
-    return AttnResFunction.apply(sources.contiguous(), queries.float().contiguous(), float(eps))
+def attnres_triton(sources, queries: torch.Tensor, eps: float):
+    """Autograd entry: sources a list of N tensors [M, D] (or one tensor [N, M, D]), queries [S, D] (any
+    float dtype; computed in fp32)."""
+    sources = list(sources.unbind(0)) if isinstance(sources, torch.Tensor) else list(sources)
+    if sources[0].shape[-1] > MAX_D:
+        raise ValueError(f"fused attnres supports D <= {MAX_D}, got D={sources[0].shape[-1]}")
+    return AttnResFunction.apply(queries.float().contiguous(), float(eps), *sources)

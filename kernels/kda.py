@@ -45,6 +45,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config
+
 CHUNK = 64      # tokens per chunk
 SUB = 16        # rows per sub-chunk (the anchor span)
 MAX_K = 128
@@ -58,7 +60,8 @@ MAX_V = 256
 def _cumsum_fwd(g, gc, T, Tp, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
-    rows = i_t * BT + tl.arange(0, BT)
+    # token rows in int64: row * H * K passes 2^31 at T * H * K >= 2^31 (e.g. T = 512k at H * K = 4096)
+    rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
     cols = tl.arange(0, BK)
     m = (rows[:, None] < T) & (cols[None, :] < K)
     x = tl.load(g + (i_b * T + rows[:, None]) * H * K + i_h * K + cols[None, :], mask=m, other=0.0)
@@ -75,7 +78,7 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
+    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_c = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     o_d = tl.arange(0, BKD)
@@ -134,7 +137,7 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
+    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     a_base = i_bh * Tp * BT
@@ -229,7 +232,7 @@ def _output_fwd(q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.c
     o_k = tl.arange(0, BK)
     o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
-    rows = i_t * BT + o_t
+    rows = i_t.to(tl.int64) * BT + o_t
     mk = o_k < K
     mv = o_v < V
     mt = rows < T
@@ -293,7 +296,7 @@ def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     o_t = tl.arange(0, BT)
-    rows = i_t * BT + o_t
+    rows = i_t.to(tl.int64) * BT + o_t
     mt = rows < T
     b = tl.load(beta + (i_b * T + rows) * H + i_h, mask=mt, other=0.0).to(tl.float32)
     Xf = tl.load(X + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
@@ -385,7 +388,7 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
     i_t, i_kd, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    t0 = i_t * BT
+    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_c = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     cols = i_kd * BKD + tl.arange(0, BKD)
@@ -451,13 +454,13 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
 # -----------------------------------------------------------------------------------------------------
 # host side
 
-def _settings(device, dtype, K, V):
+def _settings(gpu, dtype, K, V):
     """Block sizes, warps and dot precision. The interpreter runs each program as numpy code, so there
     fewer and wider programs are faster. On a GPU the tiles are sized so that no kernel spills registers
     at K = V = 128 on sm_90 (checked with the compiler, not yet timed on a device)."""
     BK = max(16, triton.next_power_of_2(K))
     bv_full = max(16, triton.next_power_of_2(V))
-    if device.type != "cuda":
+    if not gpu:
         one = dict(num_warps=1, num_stages=1)
         return dict(BK=BK, BKS=BK, BKD=BK, BV=bv_full, BV_STATE=bv_full, BV_CHUNK=bv_full, PREC="ieee", PREC_HI="ieee",
                     l_cumsum=one, l_intra=one, l_solve=one, l_state=one, l_state_bwd=one, l_out=one,
@@ -479,7 +482,7 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, for_backward=False
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     Tp, BH = NT * CHUNK, B * H
-    c = _settings(q.device, q.dtype, K, V)
+    c = _settings(gpu_config(q), q.dtype, K, V)
     f32 = dict(device=q.device, dtype=torch.float32)
     # internal buffers are [B*H, Tp, .] with T padded to whole chunks (Tp = NT * 64)
     gc = torch.empty(BH, Tp, K, **f32)                  # chunk-local cumsum of g
@@ -514,7 +517,7 @@ def _backward(q, k, v, g, beta, scale, h0, do, dht):
     V = v.shape[-1]
     NT = triton.cdiv(T, CHUNK)
     Tp, BH = NT * CHUNK, B * H
-    c = _settings(q.device, q.dtype, K, V)
+    c = _settings(gpu_config(q), q.dtype, K, V)
     # recompute the forward intermediates instead of keeping them alive between forward and backward
     _, _, (gc, Aqk, Akk, X, W, Kd, Qg, h, vn) = _forward(q, k, v, g, beta, scale, h0, False, for_backward=True)
     f32 = dict(device=q.device, dtype=torch.float32)

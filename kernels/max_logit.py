@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config
+
 
 @triton.jit
 def _max_logit_kernel(
@@ -36,7 +38,8 @@ def _max_logit_kernel(
     Q += b.to(tl.int64) * stride_qb + h.to(tl.int64) * stride_qh
     K += b.to(tl.int64) * stride_kb + kv_h.to(tl.int64) * stride_kh
 
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    # int64 token indices: offs * stride_qt reaches 2^31 at T * H * Dh >= 2^31 for a [B, T, H, Dh] view
+    offs_m = pid_m.to(tl.int64) * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, BLOCK_D)
     q = tl.load(Q + offs_m[:, None] * stride_qt + offs_d[None, :] * stride_qd,
                 mask=(offs_m[:, None] < T) & (offs_d[None, :] < Dh), other=0.0)  # [BLOCK_M, BLOCK_D]
@@ -47,7 +50,7 @@ def _max_logit_kernel(
     else:
         hi = T
     for n0 in range(0, hi, BLOCK_N):
-        offs_n = n0 + tl.arange(0, BLOCK_N)
+        offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         kt = tl.load(K + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
                      mask=(offs_n[None, :] < T) & (offs_d[:, None] < Dh), other=0.0)  # [BLOCK_D, BLOCK_N]
         if IEEE_FP32:
@@ -61,7 +64,19 @@ def _max_logit_kernel(
         s = tl.where(keep, s, float("-inf"))
         row_max = tl.maximum(row_max, tl.max(s, axis=1))
     row_max = tl.where(offs_m < T, row_max, float("-inf"))  # padded query rows do not count
-    tl.store(Out + bh * n_tiles + pid_m, tl.max(row_max, axis=0))
+    tl.store(Out + bh.to(tl.int64) * n_tiles + pid_m, tl.max(row_max, axis=0))
+
+
+def launch_config(Dh: int, dtype: torch.dtype, gpu: bool) -> dict:
+    """Tile sizes and warps of one launch: BLOCK_M queries x BLOCK_N keys x BLOCK_D (head dim, padded)."""
+    block_d = max(16, triton.next_power_of_2(Dh))
+    if not gpu:  # the interpreter: small tiles keep it quick
+        return dict(BLOCK_M=16, BLOCK_N=32, BLOCK_D=block_d, num_warps=1)
+    if dtype == torch.float32:
+        # IEEE float32 products are FMAs on operands held in registers (no tensor cores): 64 x 64 tiles at
+        # head dim 128 spilled kilobytes per thread on sm_80 (tests/compile_check.py); 32 x 32 fit
+        return dict(BLOCK_M=32, BLOCK_N=32, BLOCK_D=block_d, num_warps=4)
+    return dict(BLOCK_M=64, BLOCK_N=64, BLOCK_D=block_d, num_warps=4)
 
 
 def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = True) -> torch.Tensor:
@@ -72,17 +87,12 @@ def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float, causal: boo
     """
     B, H, T, Dh = q.shape
     Hkv = k.shape[1]
-    if q.is_cuda:
-        block_m, block_n, warps = 64, 64, 4
-    else:  # the interpreter: small tiles keep it quick
-        block_m, block_n, warps = 16, 32, 1
-    block_d = max(16, triton.next_power_of_2(Dh))
-    n_tiles = triton.cdiv(T, block_m)
+    cfg = launch_config(Dh, q.dtype, gpu_config(q))
+    n_tiles = triton.cdiv(T, cfg["BLOCK_M"])
     out = torch.empty(B * H, n_tiles, device=q.device, dtype=torch.float32)
     _max_logit_kernel[(n_tiles, B * H)](
         q, k, out, T, H, Dh, H // Hkv, float(scale), n_tiles,
         *q.stride(), *k.stride(),
-        IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal), BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
-        num_warps=warps,
+        IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal), **cfg,
     )
     return out.amax(dim=1).view(B, H)

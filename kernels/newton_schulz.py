@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from kernels.launch import gpu_config
+
 
 @triton.jit
 def _sym_gram_kernel(
@@ -72,13 +74,23 @@ def _sym_gram_kernel(
 
 
 # GPU: a few standard tile shapes, tuned once per (M, K). BLOCK is both tile sides (the mirror needs square tiles).
+# bf16/fp16 (the speed path) runs on tensor cores. The epilogue holds the float32 tile, the `add` tile and
+# two tiles of 64-bit pointers (the store and its mirror): 128-wide tiles reached 255 registers and
+# spilled 64-612 bytes with HAS_ADD under Triton 3.6 (tests/compile_check.py), so the tiles are 64 wide.
 _GPU_CONFIGS = [
-    triton.Config({"BLOCK": 128, "BLOCK_K": 64}, num_warps=8, num_stages=3),
-    triton.Config({"BLOCK": 128, "BLOCK_K": 32}, num_warps=4, num_stages=4),
-    triton.Config({"BLOCK": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK": 64, "BLOCK_K": 64}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK": 64, "BLOCK_K": 32}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK": 64, "BLOCK_K": 32}, num_warps=8, num_stages=3),
 ]
-_sym_gram_tuned = triton.autotune(configs=_GPU_CONFIGS, key=["M", "K", "HAS_ADD", "IEEE_FP32"])(_sym_gram_kernel)
+# float32 with input_precision="ieee" has no tensor-core path: the products are FMAs on operands held in
+# registers. 128-wide tiles spilled (tests/compile_check.py, sm_80 and sm_90a), and so did 64-wide ones
+# (56 bytes on 4 warps, 8-12 bytes on 8 warps under Triton 3.9); 32-wide tiles do not.
+_GPU_CONFIGS_FP32 = [
+    triton.Config({"BLOCK": 32, "BLOCK_K": 32}, num_warps=4, num_stages=2),
+]
+_KEY = ["M", "K", "HAS_ADD", "IEEE_FP32"]
+_sym_gram_tuned = triton.autotune(configs=_GPU_CONFIGS, key=_KEY)(_sym_gram_kernel)
+_sym_gram_tuned_fp32 = triton.autotune(configs=_GPU_CONFIGS_FP32, key=_KEY)(_sym_gram_kernel)
 
 # interpreter (CPU tests): fixed small tiles, no autotune
 _INTERPRET_BLOCK, _INTERPRET_BLOCK_K = 32, 32
@@ -103,9 +115,10 @@ def sym_gram(P: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, add: torch.
     add_t = add if add is not None else C  # a dummy pointer when HAS_ADD is False; never read
     args = (P, add_t, C, M, K, *P.stride(), *add_t.stride(), *C.stride(), float(alpha), float(beta))
     flags = dict(HAS_ADD=add is not None, IEEE_FP32=P.dtype == torch.float32)
-    if P.is_cuda:
+    if gpu_config(P):
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK"]), triton.cdiv(M, meta["BLOCK"]), batch)  # noqa: E731
-        _sym_gram_tuned[grid](*args, **flags)
+        tuned = _sym_gram_tuned_fp32 if flags["IEEE_FP32"] else _sym_gram_tuned
+        tuned[grid](*args, **flags)
     else:
         nb = triton.cdiv(M, _INTERPRET_BLOCK)
         _sym_gram_kernel[(nb, nb, batch)](*args, **flags, BLOCK=_INTERPRET_BLOCK, BLOCK_K=_INTERPRET_BLOCK_K)

@@ -9,7 +9,7 @@ import torch
 
 import kernels.kda as kda_kernels
 from conftest import assert_close
-from kda import kda_recurrent_ref
+from kda import kda_chunk_ref, kda_recurrent_ref
 from test_kda import make_inputs  # same input distribution as the reference tests
 from kernels.kda import MAX_K, MAX_V, chunk_kda_triton
 
@@ -23,8 +23,8 @@ def run_with_grads(fn, inputs, do, dht, **kwargs):
     return o, ht, torch.autograd.grad(loss, inputs)
 
 
-def compare(inputs, do, dht, ratio_o, ratio_dqkv, ratio_dgb, scale=None):
-    o_ref, ht_ref, grads_ref = run_with_grads(kda_recurrent_ref, [x.float() for x in inputs], do, dht, scale=scale)
+def compare(inputs, do, dht, ratio_o, ratio_dqkv, ratio_dgb, scale=None, ref_fn=kda_recurrent_ref):
+    o_ref, ht_ref, grads_ref = run_with_grads(ref_fn, [x.float() for x in inputs], do, dht, scale=scale)
     o, ht, grads = run_with_grads(chunk_kda_triton, inputs, do, dht, scale=scale)
     assert o.dtype == inputs[2].dtype and ht.dtype == torch.float32
     assert_close(o_ref, o, ratio_o, "o")
@@ -186,12 +186,14 @@ def test_gpu_fp32_matches_reference(T, K, V):
 
 
 @pytest.mark.gpu
-def test_gpu_bf16_strong_decay_long_sequence_is_finite():
+def test_gpu_bf16_strong_decay_long_sequence_matches_reference():
+    # log decays down to -20 per token over 4096 tokens: exp() of unanchored cumulative sums would overflow;
+    # finite is not enough, the values must match the float32 chunk reference (the per-token recurrence
+    # at T = 4096 would hold 4096 autograd states; tests/test_kda.py checks the chunk reference against it
+    # under the same strong decay)
     B, T, H, K, V = 2, 4096, 4, 128, 128
     inputs = make_inputs(B, T, H, K, V, with_state=True, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         inputs[3].copy_(-20.0 * torch.rand(B, T, H, K, device="cuda"))
     do, dht = torch.randn(B, T, H, V, device="cuda"), torch.randn(B, H, K, V, device="cuda")
-    o, ht, grads = run_with_grads(chunk_kda_triton, inputs, do, dht)
-    for name, x in [("o", o), ("ht", ht)] + list(zip(GRAD_NAMES, grads)):
-        assert torch.isfinite(x).all(), f"{name} has inf/NaN"
+    compare(inputs, do, dht, 5e-3, 8e-3, 2e-2, ref_fn=kda_chunk_ref)

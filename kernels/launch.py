@@ -1,0 +1,67 @@
+"""How the kernel wrappers in kernels/ decide on a GPU launch configuration, and a recorder for it.
+
+Every wrapper picks its tile sizes, warps and autotune configs from the device of its tensors: the GPU
+configuration for CUDA tensors, small interpreter tiles otherwise. `gpu_config(x)` is that test. The
+ahead-of-time compile check (tests/compile_check.py) needs the exact launches a GPU run makes without
+having a GPU: inside `record()` it calls the same wrappers with `meta` tensors (shapes and strides,
+no storage, so even a 32k-token benchmark shape costs nothing), `gpu_config` answers True for them,
+and every `kernel[grid](*args, **kwargs)` is appended to a list instead of being run. The checker
+then compiles each recorded launch for sm_90 and sm_80 with Triton's own compiler.
+
+Nothing here changes what a real launch does: outside `record()` gpu_config(x) is x.is_cuda.
+This file imports no concept file.
+"""
+import contextlib
+from dataclasses import dataclass
+
+import torch
+from triton.runtime.jit import KernelInterface
+
+# SMs of an H100/H200 SXM: the persistent AttnRes backward sizes its grid by it. Used only while
+# recording (a real launch asks the device); it matters to the compile only through Triton's integer
+# specialisation (== 1, divisible by 16), which 8 * 132 and 8 * 108 (A100) share.
+RECORD_SM_COUNT = 132
+
+_recording: list | None = None
+
+
+@dataclass
+class Launch:
+    """One recorded `kernel[grid](*args, **kwargs)`; kernel is a JITFunction or an Autotuner, grid a
+    tuple or (autotuned launches) a function of the chosen config's meta-parameters."""
+    kernel: object
+    grid: object
+    args: tuple
+    kwargs: dict
+
+
+def gpu_config(x: torch.Tensor) -> bool:
+    """Use the GPU launch configuration for tensor x: it is on CUDA, or it is a meta tensor being recorded."""
+    return x.is_cuda or (_recording is not None and x.device.type == "meta")
+
+
+def sm_count(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return RECORD_SM_COUNT
+
+
+@contextlib.contextmanager
+def record():
+    """Within this block, kernel launches are recorded (not run); yields the list of Launch."""
+    global _recording
+    if _recording is not None:
+        raise RuntimeError("kernels.launch.record() does not nest")
+    launches: list[Launch] = []
+    original = KernelInterface.__getitem__
+
+    def recorder(self, grid):
+        return lambda *args, **kwargs: launches.append(Launch(self, grid, args, kwargs))
+
+    _recording = launches
+    KernelInterface.__getitem__ = recorder  # JITFunction and Autotuner both launch through this
+    try:
+        yield launches
+    finally:
+        KernelInterface.__getitem__ = original
+        _recording = None
