@@ -74,8 +74,9 @@ def _kda(B, T, H, K, V, dtype, gate_dtype, state=True):
     return run
 
 
-def _max_logit(B, H, Hkv, T, Dh, dtype, transposed=True):
-    """q, k as model.py passes them: [B, H, T, Dh] views of [B, T, H, Dh] projections (or contiguous)."""
+def _max_logit(B, H, Hkv, T, Dh, dtype, transposed=True, causal=True):
+    """q, k as model.py passes them: [B, H, T, Dh] views of [B, T, H, Dh] projections (or contiguous);
+    causal=False is the ViT's bidirectional attention (vision.py)."""
     from kernels.max_logit import max_logit_triton
 
     def run():
@@ -83,7 +84,7 @@ def _max_logit(B, H, Hkv, T, Dh, dtype, transposed=True):
             q, k = _meta(B, T, H, Dh, dtype=dtype).transpose(1, 2), _meta(B, T, Hkv, Dh, dtype=dtype).transpose(1, 2)
         else:
             q, k = _meta(B, H, T, Dh, dtype=dtype), _meta(B, Hkv, T, Dh, dtype=dtype)
-        max_logit_triton(q, k, Dh ** -0.5)
+        max_logit_triton(q, k, Dh ** -0.5, causal)
     return run
 
 
@@ -124,6 +125,11 @@ def _model(label, c, B, attnres=True):
                    if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head")})
     work = [(f"{label}: max logit B={B} T={T} H={H} Dh={Dh}", _max_logit(B, H, Hkv, T, Dh, BF16)),
             (f"{label}: Newton-Schulz {len(mats)} shapes", _ns(mats, BF16))]
+    if c.vision and c.vision_n_layer:  # the ViT's bidirectional max logit, over a 32 x 32 image's patches
+        Hv, Dv = c.vision_n_head, c.vision_n_embd // c.vision_n_head
+        Nv = (32 // c.vision_patch_size) ** 2
+        work.append((f"{label}: ViT max logit (bidirectional) G={B} N={Nv} H={Hv} Dh={Dv}",
+                     _max_logit(B, Hv, Hv, Nv, Dv, BF16, causal=False)))
     if "K" in c.pattern:
         work.insert(0, (f"{label}: KDA B={B} T={T} H={Hk} K=V={Kk}", _kda(B, T, Hk, Kk, Kk, BF16, FP32, state=False)))
     if attnres:
@@ -174,7 +180,9 @@ def workloads():
     ]
     for T, Dh, H, Hkv in [(1, 64, 4, 4), (257, 64, 8, 2), (1000, 128, 4, 1), (130, 48, 6, 3)]:
         for dtype in (FP32, BF16):
-            work.append((f"test_muonclip max logit Dh={Dh} {dtype}", _max_logit(2, H, Hkv, T, Dh, dtype, transposed=False)))
+            for causal in (True, False):
+                work.append((f"test_muonclip max logit Dh={Dh} {dtype} causal={causal}",
+                             _max_logit(2, H, Hkv, T, Dh, dtype, transposed=False, causal=causal)))
     for D in (64, 100, 768):
         work.append((f"test_attnres bf16 D={D}", _attnres(9, 3 * 257, D, BF16)))
     work.append(("test_attnres fp32 D=1024", _attnres(8, 4 * 2048, 1024, FP32)))
