@@ -129,6 +129,20 @@ def _attnres_math(query, sources, norm_weight, eps):
     return out.to(sources.dtype), weights
 
 
+def _attnres_math_list(query, srcs, norm_weight, eps):
+    """The same math over a list of sources without stacking them. RMSNorm's gain folds into the query,
+    q · (g ⊙ v / rms(v)) = (g ⊙ q) · v / rms(v), so each read keeps only per-token scalars besides the
+    sources themselves, which every read shares: autograd saves each [..., D] source once (O(L) for L
+    sublayers instead of a stacked copy per read, O(L²)). Float32 sources are not copied."""
+    with torch.autocast(srcs[0].device.type, enabled=False):
+        folded = query.float() * norm_weight.float()                           # [D]
+        values = [v.float() for v in srcs]                                     # N x [..., D]
+        logits = torch.stack([(v @ folded) * torch.rsqrt(v.pow(2).mean(-1) + eps) for v in values])  # [N, ...]
+        weights = torch.softmax(logits, dim=0)
+        out = sum(w.unsqueeze(-1) * v for w, v in zip(weights, values))       # [..., D]
+    return out.to(srcs[0].dtype), weights
+
+
 def attnres_ref(query, sources, norm_weight, eps=1e-6, return_weights=False):
     """h = Σ_i softmax_i(query · RMSNorm(v_i; norm_weight)) v_i.
 
@@ -153,7 +167,7 @@ def attnres(query, sources, norm_weight, eps=1e-6, return_weights=False, backend
     _check_vectors("query", query, query.shape[0], srcs[0].device)
     _check_vectors("norm_weight", norm_weight, query.shape[0], srcs[0].device)
     if not _use_triton(backend, srcs[0]):
-        out, weights = _attnres_math(query, torch.stack(srcs), norm_weight, eps)
+        out, weights = _attnres_math_list(query, srcs, norm_weight, eps)
         return (out, weights) if return_weights else out
     D = query.shape[0]
     folded = (query.float() * norm_weight.float()).unsqueeze(0)               # [1, D]: gain folded into q
