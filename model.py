@@ -94,24 +94,20 @@ class RMSNorm(nn.Module):
         return F.rms_norm(x.float(), (x.shape[-1],), self.weight.float(), self.eps).type_as(x)
 
 
-def apply_rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
-    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [B, H, T, Dh] by position start + t."""
-    T, Dh = x.shape[-2], x.shape[-1]
-    inv_freq = theta ** (-torch.arange(0, Dh // 2, device=x.device, dtype=torch.float32) / (Dh // 2))
-    angles = torch.outer(torch.arange(start, start + T, device=x.device, dtype=torch.float32), inv_freq)
-    cos, sin = angles.cos(), angles.sin()                                  # [T, Dh/2]
-    x1, x2 = x.float().chunk(2, dim=-1)
-    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
-
-
 def apply_rope_at(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
-    """apply_rope with a position per row and token: x [B, H, T, Dh], pos [B, T] (padded decoding)."""
+    """Rotate pairs (x[..., :d/2], x[..., d/2:]) of x [B, H, T, Dh] by the positions pos [T] (every row
+    alike) or [B, T] (a position per row and token: padded decoding)."""
     Dh = x.shape[-1]
     inv_freq = theta ** (-torch.arange(0, Dh // 2, device=x.device, dtype=torch.float32) / (Dh // 2))
-    angles = pos.float()[:, None, :, None] * inv_freq                      # [B, 1, T, Dh/2]
+    angles = pos.float()[..., None, :, None] * inv_freq                     # [(B,) 1, T, Dh/2]
     cos, sin = angles.cos(), angles.sin()
     x1, x2 = x.float().chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).type_as(x)
+
+
+def apply_rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
+    """apply_rope_at for the positions start, start + 1, ... of x [B, H, T, Dh]."""
+    return apply_rope_at(x, torch.arange(start, start + x.shape[-2], device=x.device), theta)
 
 
 def max_logit_exact(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
@@ -154,9 +150,7 @@ class CausalSelfAttention(nn.Module):
         if valid is not None:
             return self._forward_padded(x, cache, valid)
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # [B, H, T, Dh]
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        q, k, v = self._qkv(x)
         past = cache.get("len", 0) if cache is not None else 0
         if self.use_rope:
             q, k = apply_rope(q, past, self.rope_theta), apply_rope(k, past, self.rope_theta)
@@ -180,6 +174,13 @@ class CausalSelfAttention(nn.Module):
         y = y.transpose(1, 2).reshape(B, T, self.n_head * self.head_dim)              # [B, T, H*Dh]
         return self.o_proj(y)
 
+    def _qkv(self, x: torch.Tensor):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # [B, H, T, Dh]
+        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        return q, k, v
+
     def _forward_padded(self, x: torch.Tensor, cache: dict, valid: torch.Tensor) -> torch.Tensor:
         """Append a chunk whose rows hold different numbers of real tokens (batched episodes).
 
@@ -188,9 +189,7 @@ class CausalSelfAttention(nn.Module):
         decodes exactly as it would alone. Uses its own cache entries (pk, pv, pvalid, n_valid).
         """
         B, T, _ = x.shape
-        q = self.q_proj(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)     # [B, H, T, Dh]
-        k = self.k_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
-        v = self.v_proj(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)  # [B, Hkv, T, Dh]
+        q, k, v = self._qkv(x)
         n_before = cache.get("n_valid", torch.zeros(B, dtype=torch.long, device=x.device))
         if self.use_rope:
             pos = n_before[:, None] + valid.long().cumsum(1) - 1                      # [B, T]
@@ -273,9 +272,7 @@ class Block(nn.Module):
 
     def sublayers(self, cache: dict | None, valid: torch.Tensor | None = None):
         """The two sublayer functions, in order, each applying its own PreNorm (valid: see GPT.forward)."""
-        if valid is not None:
-            return [lambda h: self.mixer(self.norm1(h), cache, valid=valid), lambda h: self.mlp(self.norm2(h))]
-        return [lambda h: self.mixer(self.norm1(h), cache), lambda h: self.mlp(self.norm2(h))]
+        return [lambda h: self.mixer(self.norm1(h), cache, valid=valid), lambda h: self.mlp(self.norm2(h))]
 
 
 class GPT(nn.Module):

@@ -38,14 +38,16 @@ def _run(fn, sources, query, gain, dout, as_list=False):
 # The op: fused vs reference
 
 
+@pytest.mark.parametrize("backend", ["triton", "ref"])   # ref: attnres()'s PyTorch path over the list of sources
 @pytest.mark.parametrize("D", [60, 64, 100])
 @pytest.mark.parametrize("N", [1, 3, 9])
-def test_fused_matches_reference_forward_and_grads(N, D):
+def test_fused_matches_reference_forward_and_grads(N, D, backend):
     lead = (3, 7)  # odd batch and sequence: 21 tokens -> several tiles, the last one partial
     sources, query, gain = _inputs(N, lead, D)
     dout = torch.randn(*lead, D, device=DEVICE)
     ref = _run(lambda q, v, g: attnres_ref(q, v, g), sources, query, gain, dout)
-    fused = _run(lambda q, v, g: attnres.attnres(q, v, g, backend="triton"), sources, query, gain, dout)
+    fused = _run(lambda q, v, g: attnres.attnres(q, v, g, backend=backend), sources, query, gain, dout,
+                 as_list=True)
     for name, r, f in zip(("out", "d_sources", "d_query", "d_norm_weight"), ref, fused):
         assert_close(r, f, TOL, name)
     if N > 1:  # the query gradient is not trivially zero, so the comparison above has teeth

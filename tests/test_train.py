@@ -356,9 +356,9 @@ def test_tokens_per_second_covers_its_window_and_excludes_eval_and_checkpoints(c
     rows = out["history"]
     assert [h["step"] for h in rows] == [4, 8, 11] and [h["window_steps"] for h in rows] == [4, 4, 3]
     tokens_per_step = 4 * 32 * 2
+    flops_per_step = GPT(train.make_config(dict(TINY), cuda=False).model).training_flops(8, 32)
     for h in rows:
         assert h["tokens_per_s"] == pytest.approx(tokens_per_step), h
-        flops_per_step = GPT(train.make_config(dict(TINY), cuda=False).model).training_flops(8, 32)
         assert h["mfu"] == pytest.approx(flops_per_step / 1e12), h     # per second of training, over 1 TFLOP/s
     assert "val_loss" in rows[1] and "batch_loss" in rows[1] and "eval_train_loss" in rows[1]
 
