@@ -72,14 +72,24 @@ def kda_recurrent_ref(q, k, v, g, beta, scale=None, initial_state=None, output_f
     return o.to(out_dtype), (S if output_final_state else None)
 
 
-def _decayed_scores(a, b, gc, sub_chunk=16):
+def _exact(x):
+    return x
+
+
+def _to_bf16(x):
+    # round to the nearest bfloat16 (ties to even, as the GPU's cvt.rn.bf16.f32) and compute on in float32
+    return x.to(torch.bfloat16).float()
+
+
+def _decayed_scores(a, b, gc, sub_chunk=16, operand=_exact):
     """P[i,j] = Σ_d a_i[d] b_j[d] exp(gc_i[d] − gc_j[d]) for j ≤ i, else 0.
 
     a, b, gc: [..., C, K] (a may carry extra leading dims, broadcast against b and gc). gc is the
     within-chunk cumulative log decay (non-increasing along C), so every causal exponent gc_i − gc_j
     is ≤ 0. Two ways to keep every computed exponent ≤ 0:
       - pairs in different sub-chunks: factor through the anchor n = first row of i's sub-chunk,
-        exp(gc_i − gc_n) · exp(gc_n − gc_j), both ≤ 1 for j < n ≤ i, so the block is one matmul;
+        exp(gc_i − gc_n) · exp(gc_n − gc_j), both ≤ 1 for j < n ≤ i, so the block is one matmul
+        (whose operands the precision plan may round: `operand`);
       - pairs in the same sub-chunk: the exact per-channel exponent gc_i − gc_j (a [sub, sub, K] tensor).
     """
     C = a.shape[-2]
@@ -91,7 +101,7 @@ def _decayed_scores(a, b, gc, sub_chunk=16):
     # b seen from each anchor; pairs with j ≥ n would have positive exponents, but they are masked
     # below, so their exponents are clamped to 0 rather than allowed to overflow
     b_anchored = b[..., None, :, :] * (anchor - gc[..., None, :, :]).clamp(max=0).exp()  # [..., NS, C, K]
-    blocks = a_anchored @ b_anchored.transpose(-1, -2)                     # [..., NS, S, C]
+    blocks = operand(a_anchored) @ operand(b_anchored).transpose(-1, -2)   # [..., NS, S, C]
     sub_id = torch.arange(C, device=a.device) // S
     earlier_sub_chunk = sub_id[:, None] > sub_id[None, :]                  # [C, C]
     scores = blocks.flatten(-3, -2) * earlier_sub_chunk                     # [..., C, C]
@@ -108,11 +118,22 @@ def _decayed_scores(a, b, gc, sub_chunk=16):
 
 @_float32_math
 def kda_chunk_ref(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                  chunk_size=CHUNK_SIZE):
+                  chunk_size=CHUNK_SIZE, precision="fp32"):
     """The chunkwise KDA algorithm (same math as kda_recurrent_ref, matmuls inside each chunk).
 
     Any T: the sequence is padded to a multiple of chunk_size with tokens that neither decay (g = 0) nor
-    write (k = 0, β = 0), so outputs and the final state are unchanged."""
+    write (k = 0, β = 0), so outputs and the final state are unchanged.
+
+    precision: "fp32" (exact float32); "bf16", the Triton kernels' precision plan for 16-bit inputs (see
+    the table in kernels/kda.py): the operands of the matmuls marked bf16 there are rounded to bfloat16,
+    products accumulate in float32, and the decays, the solve for (I + A)⁻¹ and the state stay float32;
+    "bf16-all", what a naive bf16 port would do: also the cumulative decays, the inverse, W, U, the
+    pseudo-values and the state between chunks rounded to bfloat16 (the tests show why the plan avoids it).
+    """
+    if precision not in ("fp32", "bf16", "bf16-all"):
+        raise ValueError(f"kda_chunk_ref: precision must be 'fp32', 'bf16' or 'bf16-all', got {precision!r}")
+    op = _exact if precision == "fp32" else _to_bf16              # a matmul operand on the plan's bf16 rows
+    kept = _to_bf16 if precision == "bf16-all" else _exact        # what the plan keeps in float32
     B, T, H, K = q.shape
     V, out_dtype = v.shape[-1], v.dtype
     C = chunk_size
@@ -127,28 +148,29 @@ def kda_chunk_ref(q, k, v, g, beta, scale=None, initial_state=None, output_final
         x = F.pad(x, (0, 0, 0, 0, 0, pad))                                 # zero-pad along T
         return x.view(B, N, C, H, x.shape[-1]).permute(0, 3, 1, 2, 4)
 
-    q, k, v, g = to_chunks(q) * scale, to_chunks(k), to_chunks(v), to_chunks(g)
+    q, k, v, g = to_chunks(q), to_chunks(k), to_chunks(v), to_chunks(g)
     beta = to_chunks(beta)                                                 # [B,H,N,C,1]
-    gc = g.cumsum(dim=-2)                                                  # log of Γ, within each chunk
+    gc = kept(g.cumsum(dim=-2))                                            # log of Γ, within each chunk
 
     # both score matrices share k and the decays, so they are computed together
-    A_kk, A_qk = _decayed_scores(torch.stack([beta * k, q]), k, gc).unbind(0)   # 2 × [B,H,N,C,C], j ≤ i
-    A_kk = A_kk.tril(-1)                                                    # the delta rule: j < i only
+    A_kk, A_qk = _decayed_scores(torch.stack([k, q]), k, gc, operand=op).unbind(0)  # 2 × [B,H,N,C,C], j ≤ i
+    A_kk = beta * A_kk.tril(-1)                                             # the delta rule: j < i only
+    A_qk = scale * A_qk
 
-    # UT transform: solve (I + A_kk) [W U] = Diag(β) [Γ⊙K  V]; unit lower-triangular, so a forward solve.
+    # UT transform: X = (I + A_kk)⁻¹ (unit lower-triangular: a forward solve), then [W U] = X Diag(β) [Γ⊙K  V]
     eye = torch.eye(C, device=q.device)
-    rhs = beta * torch.cat([k * gc.exp(), v], dim=-1)                      # [B,H,N,C,K+V]
-    WU = torch.linalg.solve_triangular(eye + A_kk, rhs, upper=False, unitriangular=True)
-    W, U = WU[..., :K], WU[..., K:]
+    X = kept(torch.linalg.solve_triangular(eye + A_kk, eye.expand_as(A_kk), upper=False, unitriangular=True))
+    W = kept(op(X) @ op(k * gc.exp() * beta))
+    U = kept(op(X) @ op(v * beta))
 
-    q_decayed = q * gc.exp()                                               # Γ⊙Q: read of the start state
+    q_decayed = q * gc.exp() * scale                                       # Γ⊙Q: read of the start state
     k_to_end = k * (gc[..., -1:, :] - gc).exp()                           # γ_C/Γ ⊙ K: writes seen at chunk end
     S = q.new_zeros(B, H, K, V) if initial_state is None else initial_state.float()
     outputs = []
     for n in range(N):                                                     # the only sequential part
-        pseudo_v = U[:, :, n] - W[:, :, n] @ S                             # [B,H,C,V]
-        outputs.append(q_decayed[:, :, n] @ S + A_qk[:, :, n] @ pseudo_v)
-        S = S * gc[:, :, n, -1, :, None].exp() + k_to_end[:, :, n].transpose(-1, -2) @ pseudo_v
+        pseudo_v = kept(U[:, :, n] - op(W[:, :, n]) @ op(S))               # [B,H,C,V]
+        outputs.append(op(q_decayed[:, :, n]) @ op(S) + op(A_qk[:, :, n]) @ op(pseudo_v))
+        S = kept(S * gc[:, :, n, -1, :, None].exp() + op(k_to_end[:, :, n]).transpose(-1, -2) @ op(pseudo_v))
     o = torch.stack(outputs, dim=2) if N > 0 else q.new_zeros(B, H, 0, C, V)  # [B,H,N,C,V]
     o = o.permute(0, 2, 3, 1, 4).reshape(B, N * C, H, V)[:, :T]            # [B,T,H,V]
     return o.to(out_dtype), (S if output_final_state else None)

@@ -26,17 +26,49 @@ Forward kernels (one launch each):
     5. _output_fwd     O, parallel over chunks
 Backward: recompute 1-4, then
     6. _state_bwd      reverse sweep: dS per chunk, dVn = Aqk^T dO + Kd dS, dh0
-    7. _chunk_bwd      per chunk: dv, dbeta, the inter-chunk parts of dq, dk, dG, and the gradients of the
-                       intra-chunk matrices (dAqk, and dL through the inverse: dL = -X^T dX X^T)
-    8. _intra_bwd      dAqk, dL -> dq, dk, dG with the same sub-chunk anchors; dg = reverse cumsum of dG
+    7. _chunk_bwd      per chunk: dv, beta's share through U and W, the inter-chunk parts of dq, dk, dG, dAqk
+                       and dX (the gradient of the inverse)
+    8. _solve_bwd      through the inverse: dL = -X^T dX X^T, 16 rows at a time; the rest of dbeta
+    9. _intra_bwd      dAqk, dL -> dq, dk, dG with the same sub-chunk anchors; dg = reverse cumsum of dG
 
 Sizes: chunk 64, sub-chunk 16; any T (the last chunk is masked); K <= 128 (the state kernels hold all of
 K in registers), V <= 256 (tiled). Inputs bf16, fp16 or fp32; g and beta may have their own float dtype.
-Precision: the state, decays, solve and all accumulators are float32, and tl.dot always gets float32
-operands. On a GPU it runs input_precision="tf32" for bf16/fp16 inputs (the speed path) and "tf32x3"
-(about float32 accuracy) for float32 inputs and for the products around the triangular inverse. On CPU the
-kernels run under the Triton interpreter (TRITON_INTERPRET=1), in float32 numpy with exact products.
-Tests: tests/test_kda_triton.py. Design after fla's chunk_kda; Kimi Linear is arXiv 2510.26692.
+
+Precision plan. Float32 inputs: every product in float32 (tf32x3 on a GPU, about float32 accuracy). 16-bit
+inputs (the GPU training path): the products marked bf16 take bf16 operands on the tensor cores with
+float32 accumulation; everything else stays float32. Tests: tests/test_kda_precision.py.
+
+  | what (kernel)                                   | precision        | why                                  |
+  |-------------------------------------------------|------------------|--------------------------------------|
+  | G = cumsum g and every exp() of it (all)        | float32          | G reaches about -45 within a chunk;  |
+  |                                                 |                  | a bf16 G moves exp(G) by up to 13%   |
+  | diagonal 16x16 blocks of Aqk, Akk (_intra_*)    | float32, no dot  | one exact exponent per (i, j, d)     |
+  | earlier sub-chunks of Aqk, Akk:                 | bf16 operands    | anchored at the sub-chunk's first    |
+  |   (q e^(G_i-G_n)) (k e^(G_n-G_j))^T (_intra_*)  |                  | row: both decays <= 1, so operands   |
+  |                                                 |                  | are O(|q|, |k|), relative error 2^-9 |
+  | X = (I + L)^-1 (_solve_wy_fwd) and              | float32 (tf32x3) | the solve amplifies operand error:   |
+  |   dL = -X^T dX X^T (_solve_bwd)                 |                  | from a bf16 L, X is off by 4.6x one  |
+  |                                                 |                  | rounding of X (correlated keys);     |
+  |                                                 |                  | ~C^3/3 flops per chunk, cheap        |
+  | W = X (beta k e^G), U = X (beta v) (_solve_wy)  | bf16 operands    | X rounded once, after the solve      |
+  | Vn = U - W S, S += Kd^T Vn (_state_fwd)         | bf16 operands,   | the state is held, decayed and       |
+  |                                                 | float32 state    | accumulated in float32: roundings do |
+  |                                                 |                  | not compound across chunks           |
+  | O = Qg S + Aqk Vn (_output_fwd)                 | bf16 operands    | as fla's chunk_kda                   |
+  | every backward product except dL (_state_bwd,   | bf16 operands,   | the transposes of the rows above;    |
+  |   _chunk_bwd, _intra_bwd)                       | float32 dS       | dS accumulates in float32            |
+
+Measured with kda_chunk_ref(precision="bf16"), the same roundings in PyTorch: relative RMS error against
+float32 2.8e-3 to 4.0e-3 (o) and 1.9e-3 to 3.4e-3 (final state) at T = 4096, K = 64 and 128, weak and
+strong decay, within the 5e-3 tolerance; rounding everything to bf16 (precision="bf16-all") gives 3.5e-2
+to 0.24 under mid and strong decay. With positive, highly correlated keys under weak decay the output is a
+small difference of large terms and the plan's error grows to 1.0e-2 (mostly the bf16 Aqk Vn product).
+On CPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1) in float32 numpy, and 16-bit
+inputs get the plan's roundings emulated there (PLAN = 2: round to nearest bf16 on the bits, as the GPU's
+cvt.rn does), so CI compares the kernel with the plan's reference; tests/compile_check.py counts the bf16
+tensor-core instructions (mma.sync / wgmma) in the compiled kernels and their spills.
+Tests: tests/test_kda_triton.py, tests/test_kda_precision.py. Design after fla's chunk_kda; Kimi Linear
+is arXiv 2510.26692.
 """
 import contextlib
 import os
@@ -51,6 +83,41 @@ CHUNK = 64      # tokens per chunk
 SUB = 16        # rows per sub-chunk (the anchor span)
 MAX_K = 128
 MAX_V = 256
+
+
+# -----------------------------------------------------------------------------------------------------
+# the precision plan's matmul (see the table in the module docstring)
+
+@triton.jit
+def _round_bf16(x):
+    # float32 -> nearest bfloat16 (ties to even, as the GPU's cvt.rn.bf16.f32), kept in float32: the
+    # interpreter's own float32 -> bf16 cast truncates, so the rounding is done on the bits
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _dot(a, b, PLAN: tl.constexpr, PREC: tl.constexpr):
+    """a @ b for a row of the plan marked bf16. PLAN 1: bf16 operands on the tensor cores, float32
+    accumulation; PLAN 2: the same rounding in float32 (the interpreter); PLAN 0: float32 operands."""
+    if PLAN == 1:
+        c = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    elif PLAN == 2:
+        c = tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
+    else:
+        c = tl.dot(a, b, input_precision=PREC)
+    return c
+
+
+@triton.jit
+def _out(x, ptr, PLAN: tl.constexpr):
+    """x cast to the dtype ptr points to. The interpreter's float32 -> bf16 cast truncates where the
+    GPU's rounds to nearest, so off the GPU's bf16 path the rounding is done first."""
+    if PLAN != 1:
+        if ptr.dtype.element_ty == tl.bfloat16:
+            x = _round_bf16(x)
+    return x.to(ptr.dtype.element_ty)
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -72,7 +139,7 @@ def _cumsum_fwd(g, gc, T, Tp, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr
 
 @triton.jit
 def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr, BKD: tl.constexpr, PREC: tl.constexpr):
+               BT: tl.constexpr, BC: tl.constexpr, BKD: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Aqk [BT, BT] (j <= i, scale included) and Akk [BT, BT] (j < i, without beta) of one chunk, one
     16-row block r at a time: its diagonal block exactly, all earlier columns with one tl.dot."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -85,9 +152,8 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
     x_base = i_b * T * H * K + i_h * K      # q, k: [B, T, H, K]
     g_base = i_bh * Tp * K                  # gc: [B*H, Tp, K]
     a_base = i_bh * Tp * BT                 # Aqk, Akk: [B*H, Tp, BT]
-    causal = (o_c[:, None] >= o_c[None, :])[:, :, None]
     rows_all = t0 + o_t
-    for r in tl.static_range(NC):
+    for r in range(NC):
         rows_r = t0 + r * BC + o_c
         before = (o_t < r * BC)[:, None]    # key rows j in earlier sub-chunks
         off_q = tl.zeros([BC, BT], dtype=tl.float32)
@@ -102,11 +168,16 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
             k_r = tl.load(k + x_base + rows_r[:, None] * H * K + cols[None, :],
                           mask=(rows_r[:, None] < T) & mc, other=0.0).to(tl.float32)
             g_r = tl.load(gc + g_base + rows_r[:, None] * K + cols[None, :], mask=mc, other=0.0)
-            # the diagonal block, exactly per (i, j, d): the exponent is only taken where i >= j, so <= 0
-            diff = g_r[:, None, :] - g_r[None, :, :]
-            e = tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)
-            dia_q += tl.sum(q_r[:, None, :] * k_r[None, :, :] * e, axis=2)
-            dia_k += tl.sum(k_r[:, None, :] * k_r[None, :, :] * e, axis=2)
+            # the diagonal block, exactly per (i, j, d), one key row j at a time (2-D tiles: a [BC, BC, BKD]
+            # product would not fit in registers): the exponent is only taken where i >= j, so <= 0
+            for j in range(BC):
+                row_j = t0 + r * BC + j
+                k_j = tl.load(k + x_base + row_j * H * K + cols, mask=(cols < K) & (row_j + 0 * cols < T), other=0.0)
+                g_j = tl.load(gc + g_base + row_j * K + cols, mask=cols < K, other=0.0)
+                on = o_c[:, None] >= j
+                kj_e = k_j.to(tl.float32)[None, :] * tl.where(on, tl.exp(tl.where(on, g_r - g_j[None, :], 0.0)), 0.0)
+                dia_q += tl.where(o_c[None, :] == j, tl.sum(q_r * kj_e, axis=1)[:, None], 0.0)
+                dia_k += tl.where(o_c[None, :] == j, tl.sum(k_r * kj_e, axis=1)[:, None], 0.0)
             if r > 0:
                 # earlier sub-chunks, anchored at this block's first row n: e^(G_i-G_n) e^(G_n-G_j), both <= 1
                 g_n = tl.load(gc + g_base + (t0 + r * BC) * K + cols, mask=cols < K, other=0.0)
@@ -115,8 +186,8 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
                 g_all = tl.load(gc + g_base + rows_all[:, None] * K + cols[None, :], mask=mc, other=0.0)
                 k_n = tl.where(before, k_all * tl.exp(tl.where(before, g_n[None, :] - g_all, 0.0)), 0.0)
                 e_r = tl.exp(g_r - g_n[None, :])
-                off_q += tl.dot(q_r * e_r, tl.trans(k_n), input_precision=PREC)
-                off_k += tl.dot(k_r * e_r, tl.trans(k_n), input_precision=PREC)
+                off_q += _dot(q_r * e_r, tl.trans(k_n), PLAN, PREC)
+                off_k += _dot(k_r * e_r, tl.trans(k_n), PLAN, PREC)
         dia_k = tl.where(o_c[:, None] > o_c[None, :], dia_k, 0.0)
         # two disjoint stores: the row block without its diagonal block (zeros after it, so later kernels
         # can load whole 64x64 tiles), then the diagonal block
@@ -131,7 +202,7 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
 @triton.jit
 def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.constexpr, K: tl.constexpr,
                   V: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr,
-                  STORE_QG: tl.constexpr, PREC: tl.constexpr, PREC_HI: tl.constexpr):
+                  STORE_QG: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """X = (I + Diag(beta) Akk)^-1 of one chunk; W = X (beta k exp(G)), U = X (beta v); the decayed keys
     Kd = k exp(G_last - G) the state update needs, and (for the backward) Qg = scale q exp(G)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -161,10 +232,10 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
         inv_d = tl.sum(tl.where(o_n[:, None, None] == r, inv3, 0.0), axis=0)
         # block row r of X: (I + L_d)^-1 (E_r - sum_{m<r} L_rm X_m); rows of Xf at or below r are still 0
         E_r = tl.where(o_t[None, :] == (r * BC + o_c)[:, None], 1.0, 0.0)                   # [BC, BT]
-        rhs = E_r - tl.dot(L_r, Xf, input_precision=PREC_HI)
-        X_r = tl.dot(inv_d, rhs, input_precision=PREC_HI)
+        rhs = E_r - tl.dot(L_r, Xf, input_precision=PREC)
+        X_r = tl.dot(inv_d, rhs, input_precision=PREC)
         place = tl.where(o_t[:, None] == (r * BC + o_c)[None, :], 1.0, 0.0)                 # [BT, BC]
-        Xf += tl.dot(place, X_r, input_precision=PREC_HI)
+        Xf += tl.dot(place, X_r, input_precision=PREC)
     tl.store(X + a_base + (t0 + o_t[:, None]) * BT + o_t[None, :], Xf)
 
     rows = t0 + o_t
@@ -178,7 +249,7 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
         b_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
         G = tl.load(gc + b_off, mask=mk, other=0.0)
         g_last = tl.load(gc + (i_bh * Tp + t0 + BT - 1) * K + o_k, mask=o_k < K, other=0.0)
-        w = tl.dot(Xf, kk * tl.exp(G) * b[:, None], input_precision=PREC)
+        w = _dot(Xf, kk * tl.exp(G) * b[:, None], PLAN, PREC)
         tl.store(W + b_off, w, mask=mk)
         tl.store(Kd + b_off, kk * tl.exp(g_last[None, :] - G), mask=mk)   # decay to the chunk's end: <= 1
         if STORE_QG:
@@ -189,14 +260,14 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
         mv = o_v[None, :] < V
         vv = tl.load(v + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
                      mask=mt[:, None] & mv, other=0.0).to(tl.float32)
-        u = tl.dot(Xf, vv * b[:, None], input_precision=PREC)
+        u = _dot(Xf, vv * b[:, None], PLAN, PREC)
         tl.store(U + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], u, mask=mv)
 
 
 @triton.jit
 def _state_fwd(Kd, gc, W, U, h, vn, h0, ht, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PREC: tl.constexpr):
+               HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Walk the chunks in order for one (batch*head, V tile): h[n] = state entering chunk n, Vn, final state."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     o_k = tl.arange(0, BK)
@@ -214,18 +285,18 @@ def _state_fwd(Kd, gc, W, U, h, vn, h0, ht, T, Tp, NT, H: tl.constexpr, K: tl.co
         rows = n * BT + o_t
         w = tl.load(W + (i_bh * Tp + rows[:, None]) * K + o_k[None, :], mask=mk[None, :], other=0.0)
         u = tl.load(U + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv[None, :], other=0.0)
-        v_new = u - tl.dot(w, S, input_precision=PREC)
+        v_new = u - _dot(w, S, PLAN, PREC)
         tl.store(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], v_new, mask=mv[None, :])
         k_dec = tl.load(Kd + (i_bh * Tp + rows[:, None]) * K + o_k[None, :], mask=mk[None, :], other=0.0)
         g_last = tl.load(gc + (i_bh * Tp + n * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
-        S = S * tl.exp(g_last)[:, None] + tl.dot(tl.trans(k_dec), v_new, input_precision=PREC)
+        S = S * tl.exp(g_last)[:, None] + _dot(tl.trans(k_dec), v_new, PLAN, PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + s_off, S, mask=m_kv)
 
 
 @triton.jit
 def _output_fwd(q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr):
+                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """O = (scale q exp(G)) h[n] + Aqk Vn for one chunk and V tile."""
     i_t, i_v, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -243,8 +314,8 @@ def _output_fwd(q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.c
                 mask=mk[:, None] & mv[None, :], other=0.0)
     A = tl.load(Aqk + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
     v_new = tl.load(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv[None, :], other=0.0)
-    out = tl.dot(qq * tl.exp(G) * scale, S, input_precision=PREC) + tl.dot(A, v_new, input_precision=PREC)
-    tl.store(o + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :], out.to(o.dtype.element_ty),
+    out = _dot(qq * tl.exp(G) * scale, S, PLAN, PREC) + _dot(A, v_new, PLAN, PREC)
+    tl.store(o + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :], _out(out, o, PLAN),
              mask=mt[:, None] & mv[None, :])
 
 
@@ -254,7 +325,7 @@ def _output_fwd(q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.c
 @triton.jit
 def _state_bwd(Qg, Kd, gc, W, Aqk, do, dh, dvn, dht, dh0, T, Tp, NT, H: tl.constexpr, K: tl.constexpr,
                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-               HAS_DHT: tl.constexpr, PREC: tl.constexpr):
+               HAS_DHT: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Reverse sweep: dh[n] = dLoss/d(state leaving chunk n); dVn; dh0 = dLoss/d(initial state)."""
     i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -279,19 +350,19 @@ def _state_bwd(Qg, Kd, gc, W, Aqk, do, dh, dvn, dht, dh0, T, Tp, NT, H: tl.const
         x_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
         k_dec = tl.load(Kd + x_off, mask=mk[None, :], other=0.0)
         g_last = tl.load(gc + (i_bh * Tp + n * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
-        dv_new = tl.dot(tl.trans(A), d_o, input_precision=PREC) + tl.dot(k_dec, dS, input_precision=PREC)
+        dv_new = _dot(tl.trans(A), d_o, PLAN, PREC) + _dot(k_dec, dS, PLAN, PREC)
         tl.store(dvn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], dv_new, mask=mv[None, :])
         q_g = tl.load(Qg + x_off, mask=mk[None, :], other=0.0)
-        dS = dS * tl.exp(g_last)[:, None] + tl.dot(tl.trans(q_g), d_o, input_precision=PREC)
+        dS = dS * tl.exp(g_last)[:, None] + _dot(tl.trans(q_g), d_o, PLAN, PREC)
         w = tl.load(W + x_off, mask=mk[None, :], other=0.0)
-        dS -= tl.dot(tl.trans(w), dv_new, input_precision=PREC)
+        dS -= _dot(tl.trans(w), dv_new, PLAN, PREC)
     tl.store(dh0 + i_bh * K * V + s_off, dS, mask=m_kv)
 
 
 @triton.jit
-def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, dv, dbeta, Pq, Pk,
+def _chunk_bwd(q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, dv, db_p, Pq, Pk,
                scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
-               BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr, PREC_HI: tl.constexpr):
+               BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Everything of one chunk's backward except the intra-chunk exp(G_i - G_j) kernels (see _intra_bwd)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
@@ -316,11 +387,11 @@ def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg
                       mask=m_tv, other=0.0).to(tl.float32)
         vv = tl.load(v + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
                      mask=m_tv, other=0.0).to(tl.float32)
-        dA += tl.dot(d_o, tl.trans(v_new), input_precision=PREC)
-        dX += tl.dot(dv_new, tl.trans(vv * b[:, None]), input_precision=PREC)
-        t_v = tl.dot(tl.trans(Xf), dv_new, input_precision=PREC)          # dLoss/d(beta v)
+        dA += _dot(d_o, tl.trans(v_new), PLAN, PREC)
+        dX += _dot(dv_new, tl.trans(vv * b[:, None]), PLAN, PREC)
+        t_v = _dot(tl.trans(Xf), dv_new, PLAN, PREC)          # dLoss/d(beta v)
         tl.store(dv + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
-                 (t_v * b[:, None]).to(dv.dtype.element_ty), mask=m_tv)
+                 _out((t_v * b[:, None]), dv, PLAN), mask=m_tv)
         db += tl.sum(t_v * vv, axis=1)
     tl.store(Pq + a_off, tl.where(o_t[:, None] >= o_t[None, :], dA * scale, 0.0))
     # pass 2, one key slice at a time (keeps three [BT, BKS] accumulators in registers, not [BT, K])
@@ -341,9 +412,9 @@ def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg
             dv_new = tl.load(dvn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv, other=0.0)
             d_o = tl.load(do + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
                           mask=mt[:, None] & mv, other=0.0).to(tl.float32)
-            dqg += tl.dot(d_o, tl.trans(S), input_precision=PREC)
-            dkd += tl.dot(v_new, tl.trans(dS), input_precision=PREC)
-            dw -= tl.dot(dv_new, tl.trans(S), input_precision=PREC)
+            dqg += _dot(d_o, tl.trans(S), PLAN, PREC)
+            dkd += _dot(v_new, tl.trans(dS), PLAN, PREC)
+            dw -= _dot(dv_new, tl.trans(S), PLAN, PREC)
             dgl += tl.sum(S * dS, axis=1)
         x_off = (i_b * T + rows[:, None]) * H * K + i_h * K + o_k[None, :]
         b_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
@@ -355,8 +426,8 @@ def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg
         e_g = tl.exp(G)
         dq = dqg * e_g * scale
         kg_b = kk * e_g * b[:, None]                   # the rows W is built from
-        dX += tl.dot(dw, tl.trans(kg_b), input_precision=PREC)
-        t_w = tl.dot(tl.trans(Xf), dw, input_precision=PREC)              # dLoss/d(beta k exp(G))
+        dX += _dot(dw, tl.trans(kg_b), PLAN, PREC)
+        t_w = _dot(tl.trans(Xf), dw, PLAN, PREC)              # dLoss/d(beta k exp(G))
         dk = dkd * tl.exp(g_last[None, :] - G) + t_w * e_g * b[:, None]
         db += tl.sum(t_w * kk * e_g, axis=1)
         kd_dkd = k_dec * dkd
@@ -368,18 +439,42 @@ def _chunk_bwd(q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg
         tl.store(dq_p + b_off, dq, mask=mk[None, :])
         tl.store(dk_p + b_off, dk, mask=mk[None, :])
         tl.store(dg_p + b_off, dG, mask=mk[None, :])
-    # through the inverse: X = (I + L)^-1 => dL = -X^T dX X^T, kept strictly below the diagonal
-    dL = -tl.dot(tl.dot(tl.trans(Xf), dX, input_precision=PREC_HI), tl.trans(Xf), input_precision=PREC_HI)
-    dL = tl.where(o_t[:, None] > o_t[None, :], dL, 0.0)
-    Kk = tl.load(Akk + a_off)
-    db += tl.sum(dL * Kk, axis=1)
-    tl.store(Pk + a_off, dL * b[:, None])
-    tl.store(dbeta + (i_b * T + rows) * H + i_h, db.to(dbeta.dtype.element_ty), mask=mt)
+    # dX goes on to _solve_bwd (in Pk's buffer) with beta's share so far: the products through the
+    # inverse live in their own kernel, so this one's registers hold no fp32 [BT, BT] dot operands
+    tl.store(Pk + a_off, dX)
+    tl.store(db_p + (i_b * T + rows) * H + i_h, db, mask=mt)
+
+
+@triton.jit
+def _solve_bwd(beta, X, Akk, Pk, db_p, dbeta, T, Tp, H: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr,
+               PLAN: tl.constexpr, PREC: tl.constexpr):
+    """Through the inverse, one chunk: X = (I + L)^-1 => dL = -X^T dX X^T, kept strictly below the diagonal.
+    Pk holds dX on entry and beta * dL (what _intra_bwd reads) on exit; dbeta gets its last share.
+    One 16-row block of dL at a time: two float32 [64, 64] products at once do not fit sm_80's registers."""
+    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_b, i_h = i_bh // H, i_bh % H
+    o_t = tl.arange(0, BT)
+    o_c = tl.arange(0, BC)
+    t0 = i_t.to(tl.int64) * BT
+    a_base = i_bh * Tp * BT
+    Xf = tl.load(X + a_base + (t0 + o_t[:, None]) * BT + o_t[None, :])
+    dX = tl.load(Pk + a_base + (t0 + o_t[:, None]) * BT + o_t[None, :])
+    for r in range(BT // BC):
+        rows = t0 + r * BC + o_c
+        mt = rows < T
+        X_r = tl.load(X + a_base + (t0 + o_t[:, None]) * BT + r * BC + o_c[None, :])          # X[:, block r]
+        dL = -tl.dot(tl.dot(tl.trans(X_r), dX, input_precision=PREC), tl.trans(Xf), input_precision=PREC)
+        dL = tl.where((r * BC + o_c)[:, None] > o_t[None, :], dL, 0.0)                        # [BC, BT]
+        a_off = a_base + rows[:, None] * BT + o_t[None, :]
+        b = tl.load(beta + (i_b * T + rows) * H + i_h, mask=mt, other=0.0).to(tl.float32)
+        db = tl.load(db_p + (i_b * T + rows) * H + i_h, mask=mt, other=0.0) + tl.sum(dL * tl.load(Akk + a_off), axis=1)
+        tl.store(Pk + a_off, dL * b[:, None])
+        tl.store(dbeta + (i_b * T + rows) * H + i_h, _out(db, dbeta, PLAN), mask=mt)
 
 
 @triton.jit
 def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.constexpr, K: tl.constexpr,
-               BT: tl.constexpr, BC: tl.constexpr, BKD: tl.constexpr, PREC: tl.constexpr):
+               BT: tl.constexpr, BC: tl.constexpr, BKD: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Gradients through Aqk[i,j] = sum_d q_i k_j e^(G_i - G_j) and Akk (same with k_i) for one chunk and
     key slice, then the finished dq, dk and dg = reverse cumsum of dG inside the chunk.
     Pq = scale * dAqk (j <= i) and Pk = beta_i * dL (j < i) come from _chunk_bwd. For each 16-row block s:
@@ -396,28 +491,37 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
     x_base = i_b * T * H * K + i_h * K
     g_base = i_bh * Tp * K
     a_base = i_bh * Tp * BT
-    causal = (o_c[:, None] >= o_c[None, :])[:, :, None]
     rows_all = t0 + o_t
     m_all = (rows_all[:, None] < T) & mc
     q_all = tl.load(q + x_base + rows_all[:, None] * H * K + cols[None, :], mask=m_all, other=0.0).to(tl.float32)
     k_all = tl.load(k + x_base + rows_all[:, None] * H * K + cols[None, :], mask=m_all, other=0.0).to(tl.float32)
     g_all = tl.load(gc + g_base + rows_all[:, None] * K + cols[None, :], mask=mc, other=0.0)
     carry = tl.zeros([BKD], dtype=tl.float32)      # sum of dG over the later sub-chunks of this chunk
-    for s in tl.static_range(NC - 1, -1, -1):     # last sub-chunk first, for the reverse cumsum
+    for s_rev in range(NC):                       # last sub-chunk first, for the reverse cumsum
+        s = NC - 1 - s_rev
         rows_s = t0 + s * BC + o_c
         ms = (rows_s[:, None] < T) & mc
         q_s = tl.load(q + x_base + rows_s[:, None] * H * K + cols[None, :], mask=ms, other=0.0).to(tl.float32)
         k_s = tl.load(k + x_base + rows_s[:, None] * H * K + cols[None, :], mask=ms, other=0.0).to(tl.float32)
         g_s = tl.load(gc + g_base + rows_s[:, None] * K + cols[None, :], mask=mc, other=0.0)
         # the diagonal block, exactly per (i, j, d)
-        p_q = tl.load(Pq + a_base + rows_s[:, None] * BT + s * BC + o_c[None, :])
-        p_k = tl.load(Pk + a_base + rows_s[:, None] * BT + s * BC + o_c[None, :])
-        diff = g_s[:, None, :] - g_s[None, :, :]
-        e = tl.where(causal, tl.exp(tl.where(causal, diff, 0.0)), 0.0)   # [i, j, d]
-        rq = tl.sum(p_q[:, :, None] * k_s[None, :, :] * e, axis=1)      # block s as the row i (query side)
-        rk = tl.sum(p_k[:, :, None] * k_s[None, :, :] * e, axis=1)
-        cq = tl.sum(p_q[:, :, None] * q_s[:, None, :] * e, axis=0)      # block s as the column j (key side)
-        ck = tl.sum(p_k[:, :, None] * k_s[:, None, :] * e, axis=0)
+        rq = tl.zeros([BC, BKD], dtype=tl.float32)      # block s as the row i (query side)
+        rk = tl.zeros([BC, BKD], dtype=tl.float32)
+        cq = tl.zeros([BC, BKD], dtype=tl.float32)      # block s as the column j (key side)
+        ck = tl.zeros([BC, BKD], dtype=tl.float32)
+        for j in range(BC):                             # one key row j at a time, as in _intra_fwd
+            row_j = t0 + s * BC + j
+            k_j = tl.load(k + x_base + row_j * H * K + cols, mask=(cols < K) & (row_j + 0 * cols < T), other=0.0)
+            g_j = tl.load(gc + g_base + row_j * K + cols, mask=cols < K, other=0.0)
+            pq_j = tl.load(Pq + a_base + rows_s * BT + s * BC + j)       # column j of the block: [BC] over i
+            pk_j = tl.load(Pk + a_base + rows_s * BT + s * BC + j)
+            on = o_c[:, None] >= j
+            e_j = tl.where(on, tl.exp(tl.where(on, g_s - g_j[None, :], 0.0)), 0.0)       # e[i, j, d], [BC, BKD]
+            k_e = k_j.to(tl.float32)[None, :] * e_j
+            rq += pq_j[:, None] * k_e
+            rk += pk_j[:, None] * k_e
+            cq += tl.where(o_c[:, None] == j, tl.sum(pq_j[:, None] * q_s * e_j, axis=0)[None, :], 0.0)
+            ck += tl.where(o_c[:, None] == j, tl.sum(pk_j[:, None] * k_s * e_j, axis=0)[None, :], 0.0)
         if s > 0:
             # earlier columns j, anchored at this block's first row n: e^(G_i-G_n) e^(G_n-G_j), both <= 1
             g_n = tl.load(gc + g_base + (t0 + s * BC) * K + cols, mask=cols < K, other=0.0)
@@ -426,8 +530,8 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
             p_q = tl.load(Pq + a_base + rows_s[:, None] * BT + o_t[None, :])              # [BC, BT]
             p_k = tl.load(Pk + a_base + rows_s[:, None] * BT + o_t[None, :])
             e_s = tl.exp(g_s - g_n[None, :])
-            rq += e_s * tl.dot(p_q, k_n, input_precision=PREC)
-            rk += e_s * tl.dot(p_k, k_n, input_precision=PREC)
+            rq += e_s * _dot(p_q, k_n, PLAN, PREC)
+            rk += e_s * _dot(p_k, k_n, PLAN, PREC)
         if s < NC - 1:
             # later rows i, anchored at this block's last row m: e^(G_i-G_m) e^(G_m-G_j), both <= 1
             g_m = tl.load(gc + g_base + (t0 + s * BC + BC - 1) * K + cols, mask=cols < K, other=0.0)
@@ -436,8 +540,8 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
             p_q = tl.load(Pq + a_base + rows_all[:, None] * BT + s * BC + o_c[None, :])   # [BT, BC]
             p_k = tl.load(Pk + a_base + rows_all[:, None] * BT + s * BC + o_c[None, :])
             e_s = tl.exp(g_m[None, :] - g_s)
-            cq += e_s * tl.dot(tl.trans(p_q), q_all * e_after, input_precision=PREC)
-            ck += e_s * tl.dot(tl.trans(p_k), k_all * e_after, input_precision=PREC)
+            cq += e_s * _dot(tl.trans(p_q), q_all * e_after, PLAN, PREC)
+            ck += e_s * _dot(tl.trans(p_k), k_all * e_after, PLAN, PREC)
         x_off = g_base + rows_s[:, None] * K + cols[None, :]
         d_q = tl.load(dq_p + x_off, mask=mc, other=0.0) + rq
         d_k = tl.load(dk_p + x_off, mask=mc, other=0.0) + rk + cq + ck
@@ -446,33 +550,39 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
         d_g = tl.cumsum(d_G, axis=0, reverse=True) + carry[None, :]
         carry += tl.sum(d_G, axis=0)
         out_off = x_base + rows_s[:, None] * H * K + cols[None, :]
-        tl.store(dq + out_off, d_q.to(dq.dtype.element_ty), mask=ms)
-        tl.store(dk + out_off, d_k.to(dk.dtype.element_ty), mask=ms)
-        tl.store(dg + out_off, d_g.to(dg.dtype.element_ty), mask=ms)
+        tl.store(dq + out_off, _out(d_q, dq, PLAN), mask=ms)
+        tl.store(dk + out_off, _out(d_k, dk, PLAN), mask=ms)
+        tl.store(dg + out_off, _out(d_g, dg, PLAN), mask=ms)
 
 
 # -----------------------------------------------------------------------------------------------------
 # host side
 
 def _settings(gpu, dtype, K, V):
-    """Block sizes, warps and dot precision. The interpreter runs each program as numpy code, so there
-    fewer and wider programs are faster. On a GPU the tiles are sized so that no kernel spills registers
-    at K = V = 128 on sm_90 (checked with the compiler, not yet timed on a device)."""
+    """Block sizes, warps and the precision plan. PLAN: 0 = float32 operands everywhere (float32 inputs),
+    1 = bf16 operands on the plan's bf16 rows (16-bit inputs on a GPU), 2 = the same rounding emulated in
+    float32 (16-bit inputs in the interpreter, whose bf16 tl.dot is wrong). PREC: the float32 rows' dot
+    precision, tf32x3 (about float32 accuracy) on a GPU, exact in the interpreter. The interpreter runs
+    each program as numpy code, so there fewer and wider programs are faster; on a GPU the tiles are sized
+    so that no kernel spills registers (tests/compile_check.py measures it for sm_90 and sm_80)."""
     BK = max(16, triton.next_power_of_2(K))
     bv_full = max(16, triton.next_power_of_2(V))
+    low = dtype in (torch.bfloat16, torch.float16)
     if not gpu:
         one = dict(num_warps=1, num_stages=1)
-        return dict(BK=BK, BKS=BK, BKD=BK, BV=bv_full, BV_STATE=bv_full, BV_CHUNK=bv_full, PREC="ieee", PREC_HI="ieee",
+        return dict(BK=BK, BKS=BK, BKD=BK, BV=bv_full, BV_STATE=bv_full, BV_CHUNK=bv_full,
+                    PLAN=2 if low else 0, PREC="ieee",
                     l_cumsum=one, l_intra=one, l_solve=one, l_state=one, l_state_bwd=one, l_out=one,
-                    l_chunk=one, l_intra_bwd=one)
+                    l_chunk=one, l_solve_bwd=one, l_intra_bwd=one)
     # launch options per kernel (num_stages is explicit: the default of 3 would ask the state kernels
     # for more shared memory than an H100/H200 SM has)
-    return dict(BK=BK, BKS=16, BKD=16, BV=min(64, bv_full), BV_STATE=min(32, bv_full), BV_CHUNK=min(32, bv_full),
-                PREC="tf32x3" if dtype == torch.float32 else "tf32", PREC_HI="tf32x3",
+    return dict(BK=BK, BKS=16, BKD=16, BV=min(32, bv_full), BV_STATE=min(32, bv_full), BV_CHUNK=min(32, bv_full),
+                PLAN=1 if low else 0, PREC="tf32x3",
                 l_cumsum=dict(num_warps=4, num_stages=1), l_intra=dict(num_warps=4, num_stages=2),
                 l_solve=dict(num_warps=8, num_stages=1), l_state=dict(num_warps=8, num_stages=2),
-                l_state_bwd=dict(num_warps=8, num_stages=1), l_out=dict(num_warps=4, num_stages=2),
-                l_chunk=dict(num_warps=8, num_stages=1), l_intra_bwd=dict(num_warps=8, num_stages=1))
+                l_state_bwd=dict(num_warps=8, num_stages=1), l_out=dict(num_warps=8, num_stages=2),
+                l_chunk=dict(num_warps=8, num_stages=1), l_solve_bwd=dict(num_warps=8, num_stages=1),
+                l_intra_bwd=dict(num_warps=8, num_stages=1))
 
 
 def _forward(q, k, v, g, beta, scale, h0, output_final_state, for_backward=False):
@@ -497,18 +607,18 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, for_backward=False
     vn = torch.empty(BH, Tp, V, **f32)
     ht = torch.empty(B, H, K, V, **f32) if output_final_state else None
     _cumsum_fwd[(NT, BH)](g, gc, T, Tp, H, K, CHUNK, c["BK"], **c["l_cumsum"])
-    _intra_fwd[(NT, BH)](q, k, gc, Aqk, Akk, scale, T, Tp, H, K, CHUNK, SUB, c["BKD"], c["PREC"],
+    _intra_fwd[(NT, BH)](q, k, gc, Aqk, Akk, scale, T, Tp, H, K, CHUNK, SUB, c["BKD"], c["PLAN"], c["PREC"],
                          **c["l_intra"])
     _solve_wy_fwd[(NT, BH)](q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H, K, V, CHUNK, SUB,
-                            c["BKS"], c["BV_CHUNK"], for_backward, c["PREC"], c["PREC_HI"], **c["l_solve"])
+                            c["BKS"], c["BV_CHUNK"], for_backward, c["PLAN"], c["PREC"], **c["l_solve"])
     _state_fwd[(triton.cdiv(V, c["BV_STATE"]), BH)](
         Kd, gc, W, U, h, vn, h0 if h0 is not None else gc, ht if ht is not None else gc, T, Tp, NT, H, K, V,
-        CHUNK, c["BK"], c["BV_STATE"], h0 is not None, ht is not None, c["PREC"], **c["l_state"])
+        CHUNK, c["BK"], c["BV_STATE"], h0 is not None, ht is not None, c["PLAN"], c["PREC"], **c["l_state"])
     if for_backward:
         return None, None, (gc, Aqk, Akk, X, W, Kd, Qg, h, vn)
     o = torch.empty(B, T, H, V, device=q.device, dtype=v.dtype)
     _output_fwd[(NT, triton.cdiv(V, c["BV"]), BH)](q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H, K, V, CHUNK,
-                                                  c["BK"], c["BV"], c["PREC"], **c["l_out"])
+                                                  c["BK"], c["BV"], c["PLAN"], c["PREC"], **c["l_out"])
     return o, ht, None
 
 
@@ -526,18 +636,20 @@ def _backward(q, k, v, g, beta, scale, h0, do, dht):
     dh0 = torch.empty(B, H, K, V, **f32)
     _state_bwd[(triton.cdiv(V, c["BV_STATE"]), BH)](
         Qg, Kd, gc, W, Aqk, do, dh, dvn, dht if dht is not None else gc, dh0, T, Tp, NT, H, K, V, CHUNK,
-        c["BK"], c["BV_STATE"], dht is not None, c["PREC"], **c["l_state_bwd"])
+        c["BK"], c["BV_STATE"], dht is not None, c["PLAN"], c["PREC"], **c["l_state_bwd"])
     dq_p, dk_p, dg_p = (torch.empty(BH, Tp, K, **f32) for _ in range(3))
     Pq = torch.empty(BH, Tp, CHUNK, **f32)
     Pk = torch.empty(BH, Tp, CHUNK, **f32)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
-    _chunk_bwd[(NT, BH)](q, k, v, beta, gc, X, Akk, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, dv, dbeta, Pq, Pk,
-                         scale, T, Tp, NT, H, K, V, CHUNK, c["BKS"], c["BV_CHUNK"], c["PREC"], c["PREC_HI"],
+    db_p = torch.empty(B, T, H, **f32)                  # beta's gradient before the inverse's share
+    _chunk_bwd[(NT, BH)](q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, dv, db_p, Pq, Pk,
+                         scale, T, Tp, NT, H, K, V, CHUNK, c["BKS"], c["BV_CHUNK"], c["PLAN"], c["PREC"],
                          **c["l_chunk"])
+    _solve_bwd[(NT, BH)](beta, X, Akk, Pk, db_p, dbeta, T, Tp, H, CHUNK, SUB, c["PLAN"], c["PREC"], **c["l_solve_bwd"])
     dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g)
     _intra_bwd[(NT, triton.cdiv(K, c["BKD"]), BH)](q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H, K,
-                                                    CHUNK, SUB, c["BKD"], c["PREC"], **c["l_intra_bwd"])
+                                                    CHUNK, SUB, c["BKD"], c["PLAN"], c["PREC"], **c["l_intra_bwd"])
     return dq, dk, dv, dg, dbeta, dh0
 
 

@@ -209,16 +209,26 @@ def _jit(kernel) -> JITFunction:
 
 
 def all_kernels() -> dict:
-    """Every @triton.jit function defined in a module of kernels/: {"module.name": kernel object}."""
+    """Every @triton.jit kernel defined in a module of kernels/: {"module.name": kernel object}. A jit
+    function that another jit function of its module calls (a device function, e.g. kda's _dot) is
+    compiled into its callers, not launched, so it is not listed."""
+    import inspect
     import kernels
     found = {}
     for info in pkgutil.iter_modules(kernels.__path__):
         module = importlib.import_module(f"kernels.{info.name}")
+        jitted = {}
         for obj in vars(module).values():
             if isinstance(obj, Autotuner):
                 obj = obj.fn
             if isinstance(obj, (JITFunction, InterpretedFunction)) and obj.fn.__module__ == module.__name__:
-                found[f"{module.__name__}.{obj.fn.__name__}"] = obj
+                jitted[obj.fn.__name__] = obj
+        sources = {name: inspect.getsource(obj.fn) for name, obj in jitted.items()}
+        for name, obj in jitted.items():
+            called = any(re.search(rf"\b{name}\(", src) for other, src in sources.items()
+                         if other != name)
+            if not called:
+                found[f"{module.__name__}.{name}"] = obj
     return found
 
 

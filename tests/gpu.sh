@@ -38,6 +38,16 @@ section() {  # section TITLE TIMEOUT_S CMD... : run CMD, append its output (or i
   echo
 } >"$REPORT"
 
+# flash-linear-attention, the speed anchor for KDA's benchmark: the GPU machine has no network, so its
+# wheels travel with the working tree in wheels/ (git-ignored; fill it with the command in the README)
+if ! python -c "import fla" 2>/dev/null && ls wheels/fla_core-*.whl >/dev/null 2>&1; then
+  python -m pip install --quiet --no-index --no-deps wheels/fla_core-*.whl wheels/einops-*.whl \
+    >"$LOG/fla_install.txt" 2>&1 || echo "fla install failed: see $LOG/fla_install.txt" >>"$REPORT"
+fi
+python -c "import fla; print('fla', fla.__version__, '(the benchmark anchor)')" >>"$REPORT" 2>&1 \
+  || echo "fla: not installed, the KDA benchmark runs without the anchor" >>"$REPORT"
+echo >>"$REPORT"
+
 # time limits add up to 480 s, the 8-minute budget, even if every step runs to its limit
 section "GPU tests (pytest -m gpu)" 90 python -m pytest -q -m gpu tests/
 # every idea through Triton against the reference in bf16 autocast (tests/test_e2e.py, per-dtype
