@@ -34,9 +34,9 @@ Backward: recompute 1-4, then
 Sizes: chunk 64, sub-chunk 16; any T (the last chunk is masked); K <= 128 (the state kernels hold all of
 K in registers), V <= 256 (tiled). Inputs bf16, fp16 or fp32; g and beta may have their own float dtype.
 
-Precision plan. Float32 inputs: every product in float32 (tf32x3 on a GPU, about float32 accuracy). 16-bit
-inputs (the GPU training path): the products marked bf16 take bf16 operands on the tensor cores with
-float32 accumulation; everything else stays float32. Tests: tests/test_kda_precision.py.
+Precision plan. Float32 inputs (the accuracy path, used by tests): every product exact in float32
+("ieee", no tensor cores). 16-bit inputs (the GPU training path): the products marked bf16 take bf16
+operands on the tensor cores with float32 accumulation; everything else stays float32.
 
   | what (kernel)                                   | precision        | why                                  |
   |-------------------------------------------------|------------------|--------------------------------------|
@@ -561,8 +561,9 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
 def _settings(gpu, dtype, K, V):
     """Block sizes, warps and the precision plan. PLAN: 0 = float32 operands everywhere (float32 inputs),
     1 = bf16 operands on the plan's bf16 rows (16-bit inputs on a GPU), 2 = the same rounding emulated in
-    float32 (16-bit inputs in the interpreter, whose bf16 tl.dot is wrong). PREC: the float32 rows' dot
-    precision, tf32x3 (about float32 accuracy) on a GPU, exact in the interpreter. The interpreter runs
+    float32 (16-bit inputs in the interpreter, whose bf16 tl.dot is wrong). PREC: the float32 products'
+    precision: tf32x3 (about float32 accuracy, on the tensor cores) for the solve on the 16-bit path,
+    exact elsewhere. The interpreter runs
     each program as numpy code, so there fewer and wider programs are faster; on a GPU the tiles are sized
     so that no kernel spills registers (tests/compile_check.py measures it for sm_90 and sm_80)."""
     BK = max(16, triton.next_power_of_2(K))
@@ -575,9 +576,12 @@ def _settings(gpu, dtype, K, V):
                     l_cumsum=one, l_intra=one, l_solve=one, l_state=one, l_state_bwd=one, l_out=one,
                     l_chunk=one, l_solve_bwd=one, l_intra_bwd=one)
     # launch options per kernel (num_stages is explicit: the default of 3 would ask the state kernels
-    # for more shared memory than an H100/H200 SM has)
-    return dict(BK=BK, BKS=16, BKD=16, BV=min(32, bv_full), BV_STATE=min(32, bv_full), BV_CHUNK=min(32, bv_full),
-                PLAN=1 if low else 0, PREC="tf32x3",
+    # for more shared memory than an H100/H200 SM has). float32 inputs are the accuracy path: exact
+    # float32 products ("ieee", no tensor cores) and narrower V tiles, since float32 operand tiles take
+    # twice the registers of bf16 ones
+    bv = 16 if not low else 32
+    return dict(BK=BK, BKS=16, BKD=16, BV=min(bv, bv_full), BV_STATE=min(bv, bv_full), BV_CHUNK=min(16, bv_full),
+                PLAN=1 if low else 0, PREC="tf32x3" if low else "ieee",
                 l_cumsum=dict(num_warps=4, num_stages=1), l_intra=dict(num_warps=4, num_stages=2),
                 l_solve=dict(num_warps=8, num_stages=1), l_state=dict(num_warps=8, num_stages=2),
                 l_state_bwd=dict(num_warps=8, num_stages=1), l_out=dict(num_warps=8, num_stages=2),
