@@ -83,6 +83,10 @@ CHUNK = 64      # tokens per chunk
 SUB = 16        # rows per sub-chunk (the anchor span)
 MAX_K = 128
 MAX_V = 256
+# the kernels with bf16 rows in the precision plan: on the 16-bit GPU path (PLAN = 1) each must compile to
+# bf16 tensor-core instructions (mma.sync / wgmma), which tests/compile_check.py checks in the PTX
+BF16_TENSOR_CORE_KERNELS = ("_intra_fwd", "_solve_wy_fwd", "_state_fwd", "_output_fwd",
+                            "_state_bwd", "_chunk_bwd", "_intra_bwd")
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -225,7 +229,7 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
         A = tl.where(is_row == i, (row + upd)[:, None, :], A)
     inv3 = A + tl.where(o_c[:, None] == o_c[None, :], 1.0, 0.0)[None, :, :]
     Xf = tl.zeros([BT, BT], dtype=tl.float32)
-    for r in tl.static_range(NC):
+    for r in range(NC):                 # a loop, not unrolled: fewer live registers
         rows_r = t0 + r * BC + o_c
         b_r = tl.load(beta + (i_b * T + rows_r) * H + i_h, mask=rows_r < T, other=0.0).to(tl.float32)
         L_r = tl.load(Akk + a_base + rows_r[:, None] * BT + o_t[None, :]) * b_r[:, None]     # [BC, BT]
@@ -234,8 +238,9 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
         E_r = tl.where(o_t[None, :] == (r * BC + o_c)[:, None], 1.0, 0.0)                   # [BC, BT]
         rhs = E_r - tl.dot(L_r, Xf, input_precision=PREC)
         X_r = tl.dot(inv_d, rhs, input_precision=PREC)
-        place = tl.where(o_t[:, None] == (r * BC + o_c)[None, :], 1.0, 0.0)                 # [BT, BC]
-        Xf += tl.dot(place, X_r, input_precision=PREC)
+        # write X_r into rows r*BC..r*BC+BC-1 of Xf: X_r repeated NC times down the rows, then selected
+        X_rep = tl.reshape(tl.broadcast_to(X_r[None, :, :], (NC, BC, BT)), (BT, BT))
+        Xf = tl.where((o_t // BC == r)[:, None], X_rep, Xf)
     tl.store(X + a_base + (t0 + o_t[:, None]) * BT + o_t[None, :], Xf)
 
     rows = t0 + o_t

@@ -39,9 +39,11 @@ def test_gpu_configuration_is_recorded_not_the_interpreter_one(recorded):
     for c in _GPU_CONFIGS + _GPU_CONFIGS_FP32:
         want = (f"BLOCK={c.kwargs['BLOCK']} BLOCK_K={c.kwargs['BLOCK_K']}", f"w{c.num_warps} s{c.num_stages}")
         assert any(all(w in cfg for w in want) for cfg in ns), f"autotune config {c} not compiled"
-    # KDA on a GPU runs tf32 dots with 16-wide key slices; the interpreter uses ieee and whole rows
+    # KDA on a GPU: bf16 inputs take the precision plan's bf16 operands (PLAN=1) with 16-wide key slices;
+    # the interpreter would use the emulated plan (PLAN=2) and whole rows
     kda = [j for j in jobs if j["name"] == "_intra_fwd"]
-    assert kda and all("PREC=tf32" in j["config"] and "BKD=16" in j["config"] for j in kda if "bfloat16" in j["config"])
+    assert kda and all(j["plan"] == 1 and "BKD=16" in j["config"] for j in kda if "bfloat16" in j["config"])
+    assert {j["plan"] for j in kda} == {0, 1}   # bf16 training and the float32 GPU test
 
 
 def test_compile_reads_registers_spills_and_shared_memory(tmp_path):
@@ -60,10 +62,28 @@ def test_compile_reads_registers_spills_and_shared_memory(tmp_path):
     assert verdict in ("ok", "FAIL spill")
 
 
-def test_verdict_fails_spills_outside_kda_and_smem_overflow():
-    base = dict(regs=255, spill_st=8, spill_ld=8, smem=1024)
-    assert cc.verdict(dict(module="kernels.attnres", capability=90), base) == "FAIL spill"
-    assert cc.verdict(dict(module="kernels.kda", capability=90), base).startswith("spill")
-    assert cc.verdict(dict(module="kernels.kda", capability=80), dict(base, smem=200_000)) == "FAIL smem"
-    assert cc.verdict(dict(module="kernels.kda", capability=90), dict(base, spill_st=0, spill_ld=0)) == "ok"
-    assert cc.verdict(dict(module="kernels.kda", capability=90), dict(error="x")) == "FAIL compile"
+def test_verdict_fails_spills_smem_overflow_and_a_bf16_kda_kernel_without_bf16_tensor_cores():
+    base = dict(regs=255, spill_st=8, spill_ld=8, smem=1024, mma={"mma.bf16": 4})
+    kda = dict(module="kernels.kda", name="_intra_fwd", capability=90, plan=1)
+    assert cc.verdict(dict(module="kernels.attnres", name="x", capability=90), base) == "FAIL spill"
+    assert cc.verdict(kda, base) == "FAIL spill"                       # the bf16 path must not spill
+    assert cc.verdict(dict(kda, plan=0), base).startswith("spill")     # float32 accuracy path: reported
+    assert cc.verdict(dict(kda, capability=80), dict(base, smem=200_000)) == "FAIL smem"
+    no_spill = dict(base, spill_st=0, spill_ld=0)
+    assert cc.verdict(kda, no_spill) == "ok"
+    assert cc.verdict(kda, dict(no_spill, mma={"wgmma.bf16": 2, "mma.tf32": 9})) == "ok"
+    assert cc.verdict(kda, dict(no_spill, mma={"mma.tf32": 9})) == "FAIL no bf16 tensor cores"
+    assert cc.verdict(dict(kda, name="_cumsum_fwd"), dict(no_spill, mma={})) == "ok"   # no products
+    assert cc.verdict(dict(kda, plan=0), dict(no_spill, mma={"mma.tf32": 9})) == "ok"
+    assert cc.verdict(kda, dict(error="x")) == "FAIL compile"
+
+
+def test_tensor_core_mix_reads_operand_types_from_ptx():
+    ptx = """
+    mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f1, %f2}, {%r1}, {%r2}, {%f3};
+    mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%f4, %f5}, {%r3}, {%r4}, {%f6};
+    mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%f7}, {%r5}, {%r6}, {%f8};
+    wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {%f9}, %rd1, %rd2, 1, 1, 1, 0, 1;
+    wgmma.fence.sync.aligned;
+    """
+    assert cc.tensor_core_mix(ptx) == {"mma.bf16": 2, "mma.tf32": 1, "wgmma.bf16": 1}
