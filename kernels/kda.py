@@ -570,7 +570,8 @@ def _settings(gpu, dtype, K, V):
     precision: tf32x3 (about float32 accuracy, on the tensor cores) for the solve on the 16-bit path,
     exact elsewhere. The interpreter runs
     each program as numpy code, so there fewer and wider programs are faster; on a GPU the tiles are sized
-    so that no kernel spills registers (tests/compile_check.py measures it for sm_90 and sm_80)."""
+    so that no kernel spills registers on the 16-bit path (tests/compile_check.py measures it for sm_90 and
+    sm_80; the float32 state kernels at K = 128 still spill, reported there)."""
     BK = max(16, triton.next_power_of_2(K))
     bv_full = max(16, triton.next_power_of_2(V))
     low = dtype in (torch.bfloat16, torch.float16)
