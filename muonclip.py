@@ -35,12 +35,10 @@ Which parameter goes where (MuonClip.from_model walks model.named_modules()):
     1-D params (norm gains, biases) and KDA gates (A_log, dt_bias) -> AdamW, no weight decay
 A parameter shared by two modules (tied embedding/head) goes to AdamW.
 
-Run:  python muonclip.py --bench     (Newton-Schulz and max-logit timings, optimizer-step overhead)
+Run:  python muonclip.py --bench     (= python bench.py muonclip: Newton-Schulz, max logit, optimizer step)
 Tests: python -m pytest tests/test_muonclip.py -q
 """
-import argparse
 import math
-import time
 from collections import defaultdict
 
 import torch
@@ -428,129 +426,7 @@ class MuonClip(torch.optim.Optimizer):
                 q_rows[heads] = q_rows[heads] * gamma.to(q_rows.dtype).view(-1, 1, 1)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Benchmark: python muonclip.py --bench
-# ---------------------------------------------------------------------------------------------------
-
-def _time_ms(fn, reps):
-    fn()  # warm-up (and Triton compile / autotune)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps * 1e3
-
-
-def _peak_mib(fn):
-    if not torch.cuda.is_available():
-        return float("nan")
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-
-
-def bench():
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    print(f"device: {torch.cuda.get_device_name() if cuda else 'CPU'}, torch {torch.__version__}")
-    if not cuda:
-        print("note: no CUDA device; Triton rows are skipped (the interpreter is not a speed path), small sizes")
-    torch_ns = getattr(getattr(torch.optim, "_muon", None), "_zeropower_via_newtonschulz", None)
-
-    print("\n### Newton-Schulz, 5 steps: ms (TFLOP/s, counting the dense 4m²n + 2m³ FLOPs per step)\n")
-    print("| shape | reference | Triton (symmetric) | torch.optim.Muon routine | Triton speed-up | peak MiB ref / Triton |")
-    print("|---|---|---|---|---|---|")
-    shapes = ([(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (1024, 4096), (4096, 1024),
-               (2048, 8192), (8 * 768, 768)] if cuda else [(256, 256), (512, 512), (256, 1024), (1024, 256)])
-    for rows, cols in shapes:
-        G = torch.randn(rows, cols, device=device)
-        m, n = min(rows, cols), max(rows, cols)
-        flops = 5 * (4 * m * m * n + 2 * m ** 3)
-        reps = 10 if cuda else 3
-        t_ref = _time_ms(lambda: newton_schulz_ref(G), reps)
-        cells = [f"{t_ref:.3f} ({flops / t_ref / 1e9:.3g})"]
-        if cuda:
-            t_tri = _time_ms(lambda: newton_schulz(G, backend="triton"), reps)
-            cells.append(f"{t_tri:.3f} ({flops / t_tri / 1e9:.3g})")
-        else:
-            t_tri = None
-            cells.append("skipped (CPU)")
-        if torch_ns is not None:
-            t_torch = _time_ms(lambda: torch_ns(G, NS_COEFFS, 5, NS_EPS), reps)
-            cells.append(f"{t_torch:.3f} ({flops / t_torch / 1e9:.3g})")
-        else:
-            cells.append("n/a (torch < 2.9)")
-        cells.append(f"{t_ref / t_tri:.2f}x" if t_tri else "-")
-        mem = (f"{_peak_mib(lambda: newton_schulz_ref(G)):.0f} / {_peak_mib(lambda: newton_schulz(G, backend='triton')):.0f}"
-               if cuda else "-")
-        print(f"| {rows}x{cols} | " + " | ".join(cells) + f" | {mem} |")
-
-    print("\n### Per-head max logit (ms): explicit logits vs online Triton kernel vs SDPA forward for scale\n")
-    print("| B, H, Hkv, T, Dh | reference (T x T) | Triton (online) | SDPA causal forward | peak MiB ref / Triton |")
-    print("|---|---|---|---|---|")
-    dt = torch.bfloat16 if cuda else torch.float32
-    configs = [(8, 12, 12, 1024, 64), (4, 16, 4, 2048, 128), (1, 16, 16, 8192, 64)] if cuda else [(2, 4, 4, 256, 32)]
-    for B, H, Hkv, T, Dh in configs:
-        q = torch.randn(B, H, T, Dh, device=device, dtype=dt)
-        k = torch.randn(B, Hkv, T, Dh, device=device, dtype=dt)
-        v = torch.randn(B, H, T, Dh, device=device, dtype=dt)
-        scale = Dh ** -0.5
-        reps = 10 if cuda else 3
-        t_ref = _time_ms(lambda: max_logit_ref(q, k, scale), reps)
-        t_tri = f"{_time_ms(lambda: max_logit(q, k, scale, backend='triton'), reps):.3f}" if cuda else "skipped (CPU)"
-        kk = k.repeat_interleave(H // Hkv, dim=1)
-        t_sdpa = _time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, kk, v, is_causal=True), reps)
-        mem = (f"{_peak_mib(lambda: max_logit_ref(q, k, scale)):.0f} / "
-               f"{_peak_mib(lambda: max_logit(q, k, scale, backend='triton')):.0f}" if cuda else "-")
-        print(f"| {B}, {H}, {Hkv}, {T}, {Dh} | {t_ref:.3f} | {t_tri} | {t_sdpa:.3f} | {mem} |")
-
-    _bench_step_overhead(device)
-
-
-def _bench_step_overhead(device):
-    """Optimizer step vs a training step, on a stand-in with GPT-2-small's matrices (no model.py import).
-
-    The stand-in is 12 blocks of (q, k, v, o, fc 4x, proj) Linear layers applied in sequence; its
-    forward+backward costs ~6·N·tokens FLOPs like a transformer's matmuls (attention itself excluded).
-    """
-    cuda = device == "cuda"
-    d, n_layer, tokens = (768, 12, 16 * 1024) if cuda else (128, 2, 1024)
-    layers = []
-    for _ in range(n_layer):
-        layers += [nn.Linear(d, d, bias=False) for _ in range(4)]
-        layers += [nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False)]
-    model = nn.Sequential(*layers).to(device)
-    x = torch.randn(tokens, d, device=device)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
-
-    def train_step():
-        with amp:
-            model(x).float().square().mean().backward()
-
-    print("\n### Optimizer step vs training step (stand-in: "
-          f"{n_layer} blocks of d={d} Linear layers, {tokens} tokens per step)\n")
-    print("| optimizer | step (ms) | fwd+bwd (ms) | step / (fwd+bwd+step) |")
-    print("|---|---|---|---|")
-    t_fb = _time_ms(train_step, 5 if cuda else 2)
-    backends = ["ref", "triton"] if cuda else ["ref"]
-    for name in ["adamw"] + [f"muon ({b})" for b in backends]:
-        if name == "adamw":
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
-        else:
-            opt = MuonClip.from_model(model, lr=1e-4, ns_backend=name.split("(")[1][:-1])
-        t_opt = _time_ms(opt.step, 5 if cuda else 2)
-        print(f"| {name} | {t_opt:.2f} | {t_fb:.2f} | {100 * t_opt / (t_fb + t_opt):.1f}% |")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true", help="print the benchmark tables")
-    if parser.parse_args().bench:
-        bench()
-    else:
-        parser.print_help()
+if __name__ == "__main__":  # the benchmark lives in bench.py: python muonclip.py --bench = python bench.py muonclip
+    import sys
+    import bench
+    sys.exit(bench.forward("muonclip", sys.argv[1:]))
