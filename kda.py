@@ -31,6 +31,7 @@ kernels/kda.py), and the layer.
 """
 import functools
 import math
+import os
 
 import torch
 import torch.nn as nn
@@ -187,43 +188,42 @@ def kda_flops_per_token(n_heads: int, K: int, V: int, chunk_size: int = CHUNK_SI
 # -----------------------------------------------------------------------------------------------------
 # The public op: validate once at the boundary, then dispatch
 
+def _require(ok: bool, message: str, error=ValueError):
+    if not ok:
+        raise error(f"kda: {message}")
+
+
 def _check_inputs(q, k, v, g, beta, scale, initial_state, backend):
+    """Every input check of the op, here once (the Triton wrapper in kernels/kda.py trusts them)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"kda: {name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"kda: {name} must be float32, float16 or bfloat16, got {x.dtype}")
-    if q.dim() != 4:
-        raise ValueError(f"kda: q must be [B, T, H, K], got shape {tuple(q.shape)}")
+        _require(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor, got {type(x).__name__}", TypeError)
+        _require(x.dtype in (torch.float32, torch.float16, torch.bfloat16),
+                 f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+    _require(q.dim() == 4, f"q must be [B, T, H, K], got shape {tuple(q.shape)}")
     B, T, H, K = q.shape
-    if k.shape != q.shape:
-        raise ValueError(f"kda: k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)}")
-    if g.shape != q.shape:
-        raise ValueError(f"kda: g shape {tuple(g.shape)} must equal q shape {tuple(q.shape)} (per-channel decay)")
-    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"kda: v must be [B, T, H, V] = [{B}, {T}, {H}, V], got shape {tuple(v.shape)}")
-    if beta.shape != q.shape[:3]:
-        raise ValueError(f"kda: beta must be [B, T, H] = [{B}, {T}, {H}], got shape {tuple(beta.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"kda: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    _require(k.shape == q.shape, f"k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)}")
+    _require(g.shape == q.shape, f"g shape {tuple(g.shape)} must equal q shape {tuple(q.shape)} (per-channel decay)")
+    _require(v.dim() == 4 and v.shape[:3] == q.shape[:3],
+             f"v must be [B, T, H, V] = [{B}, {T}, {H}, V], got shape {tuple(v.shape)}")
+    _require(beta.shape == q.shape[:3], f"beta must be [B, T, H] = [{B}, {T}, {H}], got shape {tuple(beta.shape)}")
+    _require(q.dtype == k.dtype == v.dtype, f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}",
+             TypeError)
     V = v.shape[-1]
+    _require(K > 0 and V > 0, f"head dims must be >= 1, got K={K}, V={V}")
     tensors = [("k", k), ("v", v), ("g", g), ("beta", beta)]
     if initial_state is not None:
-        if not isinstance(initial_state, torch.Tensor):
-            raise TypeError(f"kda: initial_state must be a torch.Tensor, got {type(initial_state).__name__}")
-        if initial_state.shape != (B, H, K, V):
-            raise ValueError(f"kda: initial_state must be [B, H, K, V] = [{B}, {H}, {K}, {V}], "
-                             f"got shape {tuple(initial_state.shape)}")
-        if initial_state.dtype != torch.float32:
-            raise TypeError(f"kda: initial_state must be float32, got {initial_state.dtype}")
+        _require(isinstance(initial_state, torch.Tensor),
+                 f"initial_state must be a torch.Tensor, got {type(initial_state).__name__}", TypeError)
+        _require(initial_state.shape == (B, H, K, V), f"initial_state must be [B, H, K, V] = [{B}, {H}, {K}, {V}], "
+                 f"got shape {tuple(initial_state.shape)}")
+        _require(initial_state.dtype == torch.float32, f"initial_state must be float32, got {initial_state.dtype}",
+                 TypeError)
         tensors.append(("initial_state", initial_state))
     for name, x in tensors:
-        if x.device != q.device:
-            raise ValueError(f"kda: {name} is on {x.device} but q is on {q.device}")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"kda: scale must be a positive number or None, got {scale!r}")
-    if backend not in ("auto", "ref", "triton"):
-        raise ValueError(f"kda: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
+        _require(x.device == q.device, f"{name} is on {x.device} but q is on {q.device}")
+    _require(scale is None or (isinstance(scale, (int, float)) and scale > 0),
+             f"scale must be a positive number or None, got {scale!r}")
+    _require(backend in ("auto", "ref", "triton"), f"backend must be 'auto', 'ref' or 'triton', got {backend!r}")
 
 
 def resolve_backend(backend: str, on_cuda: bool, K: int, V: int) -> str:
@@ -246,18 +246,20 @@ def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fal
     "auto" (Triton on CUDA tensors within the kernels' K <= 128, V <= 256, else the reference; a single
     token takes the recurrent step)."""
     _check_inputs(q, k, v, g, beta, scale, initial_state, backend)
+    K, V = q.shape[-1], v.shape[-1]
     if backend == "auto":
         if q.shape[1] == 1:  # one decoding step: the recurrence itself is cheapest, no chunk padding
             return kda_recurrent_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
-        backend = resolve_backend("auto", q.is_cuda, q.shape[-1], v.shape[-1])
-    if backend == "ref":
+        backend = resolve_backend("auto", q.is_cuda, K, V)
+    if backend == "ref" or q.numel() == 0:  # (nothing to compute: the reference returns the empty output)
         return kda_chunk_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     # imported here so that kda.py (references, layer) works even where the kernels cannot load
     import kernels.kda as triton_kda
-    K, V = q.shape[-1], v.shape[-1]
-    if K > triton_kda.MAX_K or V > triton_kda.MAX_V:  # the kernels keep a state slice on-chip
-        raise ValueError(f"kda: the Triton path supports K <= {triton_kda.MAX_K} and V <= {triton_kda.MAX_V}, "
-                         f"got K={K}, V={V}; use backend='ref' for larger heads")
+    _require(K <= triton_kda.MAX_K and V <= triton_kda.MAX_V,  # the kernels keep a state slice on-chip
+             f"the Triton path supports K <= {triton_kda.MAX_K} and V <= {triton_kda.MAX_V}, got K={K}, V={V}; "
+             "use backend='ref' for larger heads")
+    _require(q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1", f"backend='triton' on {q.device} tensors "
+             "needs CUDA, or TRITON_INTERPRET=1 set before triton is imported (the interpreter runs the kernels on CPU)")
     scale = K ** -0.5 if scale is None else float(scale)
     return triton_kda.chunk_kda_triton(q, k, v, g, beta, scale, initial_state, output_final_state)
 
