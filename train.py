@@ -80,7 +80,7 @@ class TrainConfig:
     # vision (vision.py): share of rows that are image-text, from which fraction of the run, which tasks
     vision_ratio: float = 0.125        # K2.5's early fusion: a modest share from step 0 (2 of 16 rows)
     vision_start: float = 0.0          # fraction of max_iters before the first image row (0 = early fusion)
-    vision_tasks: str = "all"          # comma-separated vision.TASKS, or all
+    vision_tasks: str = "all"          # comma-separated image_tasks.TASKS, or all
     vision_eval_n: int = 200           # held-out image questions per eval (and their text twins)
     # model: see model.Config; these are the GPU defaults: Kimi Linear's 3:1 hybrid, block AttnRes, image tokens
     model: Config = field(default_factory=lambda: Config(
@@ -204,13 +204,14 @@ def check_config(cfg: TrainConfig):
     need(0 <= cfg.vision_ratio <= 1 and 0 <= cfg.vision_start <= 1, "--vision_ratio and --vision_start are fractions in [0, 1]")
     need(cfg.model.rope_theta > 0 and cfg.model.norm_eps > 0, "--rope_theta and --norm_eps must be positive")
     if cfg.vision_ratio > 0:
+        import image_tasks
         import vision
         need(cfg.model.vocab_size > vision.IMAGE_PAD, f"--vocab_size={cfg.model.vocab_size}: image rows use token ids "
              f"up to {vision.IMAGE_PAD} (GPT-2's vocabulary and three image tokens)")
         names = vision_task_names(cfg)
-        bad = sorted(set(names) - set(vision.TASKS))
+        bad = sorted(set(names) - set(image_tasks.TASKS))
         need(not bad and bool(names), f"--vision_tasks={cfg.vision_tasks}: unknown {bad}; use all or a comma list of "
-             f"{', '.join(vision.TASKS)}")
+             f"{', '.join(image_tasks.TASKS)}")
         need(round(cfg.vision_ratio * cfg.batch_size) >= 1, f"--vision_ratio={cfg.vision_ratio} of --batch_size="
              f"{cfg.batch_size} rows rounds to no image row; raise one of them (or set --vision_ratio=0)")
 
@@ -233,9 +234,9 @@ def config_for_resume(saved: dict, overrides: dict, run_dir: str) -> TrainConfig
 
 
 def vision_task_names(cfg: TrainConfig) -> tuple:
-    import vision
+    import image_tasks
     if cfg.vision_tasks == "all":
-        return vision.TASKS
+        return image_tasks.TASKS
     return tuple(t.strip() for t in cfg.vision_tasks.split(",") if t.strip())
 
 
@@ -603,8 +604,8 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world
     if ddp:
         run.model = torch.nn.parallel.DistributedDataParallel(run.model, device_ids=[int(device.split(":")[1])] if is_cuda else None)
     if cfg.vision_ratio > 0:
-        import vision
-        run.vision_tasks = vision.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
+        import image_tasks
+        run.vision_tasks = image_tasks.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
                                               patch=cfg.model.vision_patch_size, tasks=vision_task_names(cfg))
         try:  # fail at the boundary, not at the first vision step
             run.vision_tasks.batch("train", 1, T, 0)

@@ -37,7 +37,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
-import vision  # noqa: E402
+import image_tasks  # noqa: E402
 from model import GPT, Config  # noqa: E402
 from muonclip import MuonClip  # noqa: E402
 
@@ -59,7 +59,7 @@ def parse():
     p.add_argument("--optimizer", default="muonclip", choices=("muonclip", "adamw"),
                    help="muonclip (tau 100, the project default) or adamw")
     p.add_argument("--tasks", default="color_one,side_one",
-                   help="comma-separated vision.TASKS to mix; the two one-shape tasks are what a 2-layer model "
+                   help="comma-separated image_tasks.TASKS to mix; the two one-shape tasks are what a 2-layer model "
                         "learns in 300 CPU steps (with all eight it stays at chance)")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--ft_lr", type=float, default=5e-3)
@@ -73,7 +73,7 @@ def parse():
 
 
 class Stream:
-    """Text rows from the corpus and image-text (or twin) rows from vision.VisionTasks, mixed per step."""
+    """Text rows from the corpus and image-text (or twin) rows from image_tasks.VisionTasks, mixed per step."""
 
     def __init__(self, args, tasks):
         folder = data.prepare(args.data)
@@ -94,7 +94,7 @@ class Stream:
             parts.append(self.tasks.batch("train", n_vision, self.T, rng, text_twin=twin))
         if batch_size > n_vision:
             parts.append(self.text(batch_size - n_vision, gen))
-        return vision.concat_batches(parts)
+        return image_tasks.concat_batches(parts)
 
 
 @torch.no_grad()
@@ -150,7 +150,7 @@ def main():
         torch.set_num_threads(args.threads)
     os.makedirs(args.out_dir, exist_ok=True)
     t_start = time.time()
-    tasks = vision.VisionTasks(seed=args.seed, encoding=data.get_tokenizer(), patch=args.vision_patch_size,
+    tasks = image_tasks.VisionTasks(seed=args.seed, encoding=data.get_tokenizer(), patch=args.vision_patch_size,
                                tasks=tuple(args.tasks.split(",")))
     stream = Stream(args, tasks)
     cfg = Config(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,

@@ -364,8 +364,8 @@ def test_tokens_per_second_covers_its_window_and_excludes_eval_and_checkpoints(c
 
 
 def test_vision_rows_differ_per_micro_batch_and_repeat_for_the_same_seed():
-    import vision
-    tasks = vision.VisionTasks(seed=0, encoding=data.get_tokenizer(), patch=8, tasks=("color_one", "side_one"))
+    import image_tasks
+    tasks = image_tasks.VisionTasks(seed=0, encoding=data.get_tokenizer(), patch=8, tasks=("color_one", "side_one"))
     tokens = np.arange(5000, dtype=np.uint16) % 50000
     offsets = torch.arange(8) * 100
     rows = [train.micro_batch(tokens, offsets, j, 4, 64, tasks, 2, 7) for j in range(2)]
