@@ -25,7 +25,8 @@ embedding -> merge -> MLP), for comparison.
 
 The math. Patch (r, c) of an image x is x[:, r p:(r+1) p, c p:(c+1) p] flattened; with head
 dimension d, 2-D RoPE rotates the pairs (q_i, q_{i+d/2}) by angle r w_i for i < d/4 and c w_{i-d/4}
-for d/4 <= i < d/2 (w_j = base^(-j/(d/4))), so q . k depends on (r_q - r_k, c_q - c_k) only. An
+for d/4 <= i < d/2 (w_j = base^(-j/(d/4))), so q . k depends on (r_q - r_k, c_q - c_k) only. The
+language model's 1-D RoPE (model.py) is the same rotation with one position and d/2 frequencies. An
 image of H x W pixels costs ceil(H / 2p) * ceil(W / 2p) tokens in the language model.
 
 Run: `python vision.py` (= `python image_tasks.py`) writes out/vision/vision_samples.png (a grid of
@@ -106,26 +107,29 @@ def unmerge_2x2(x: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 # -----------------------------------------------------------------------------
-# 2-D rotary positions
+# Rotary positions: one rotation for the language model's 1-D RoPE (model.py) and the ViT's 2-D RoPE
+
+def rope_angles(pos: torch.Tensor, n_pairs: int, base: float) -> torch.Tensor:
+    """Angles pos * base^(-j / n_pairs) for j < n_pairs: positions [...] -> [..., n_pairs] float32."""
+    freqs = base ** (-torch.arange(n_pairs, dtype=torch.float32, device=pos.device) / n_pairs)
+    return pos.float()[..., None] * freqs
+
 
 def rope_2d(positions: torch.Tensor, head_dim: int, base: float = 100.0) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin tables [N, head_dim/2] for (row, col) positions [N, 2]: the first quarter of the
     head's rotation pairs turn with the row index, the second quarter with the column index."""
     if head_dim % 4:
         raise ValueError(f"2-D RoPE needs a head dim divisible by 4, got {head_dim}")
-    quarter = head_dim // 4
-    freqs = base ** (-torch.arange(quarter, dtype=torch.float32, device=positions.device) / quarter)
-    pos = positions.float()
-    angles = torch.cat([pos[:, :1] * freqs, pos[:, 1:] * freqs], dim=1)  # [N, head_dim/2]
+    angles = torch.cat([rope_angles(positions[:, 0], head_dim // 4, base),
+                        rope_angles(positions[:, 1], head_dim // 4, base)], dim=-1)  # [N, head_dim/2]
     return angles.cos(), angles.sin()
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate the pairs (x_i, x_{i+d/2}) of x [..., N, d] by the angles behind cos/sin [N, d/2]."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half].float(), x[..., half:].float()
-    out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    return out.to(x.dtype)
+    """Rotate the pairs (x_i, x_{i+d/2}) of x [..., N, d] by the angles behind cos/sin [..., N, d/2]
+    (broadcast against x's leading dims), in float32; returns x's dtype."""
+    x1, x2 = x.float().chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).to(x.dtype)
 
 
 # -----------------------------------------------------------------------------
