@@ -17,7 +17,9 @@ Three questions, one tiny model.GPT with the vision.py encoder, one optimizer, o
 Image-text rows replace the first rows of a text batch (as train.py does), so the text tokens per
 step drop while vision is on; the loss is on answer tokens in image-text rows and on every token in
 text rows. The loop is written out here rather than calling train.train() because experiments 2 and
-3 fine-tune on data train.py does not serve (vision-only, twins-only) and all three share weights.
+3 fine-tune on data train.py does not serve (vision-only, twins-only) and all three share weights; its
+optimizer and learning-rate schedule are train.py's (build_optimizer, lr_at: warmup over the first 5%,
+then cosine to 10% of the peak, no weight decay).
 
     python experiments/fusion_timing.py                      # CPU default: 7 min on 2 cores
     python experiments/fusion_timing.py --steps=3000 --n_embd=256 --n_layer=4 --block_size=128
@@ -27,7 +29,6 @@ Writes out/fusion_timing/{fusion_timing.png, results.md, results.json}.
 import argparse
 import copy
 import json
-import math
 import os
 import sys
 import time
@@ -38,8 +39,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import image_tasks  # noqa: E402
+import train  # noqa: E402
 from model import GPT, Config  # noqa: E402
-from muonclip import MuonClip  # noqa: E402
 
 ARMS = (("early", 0.1, 0.0), ("mid", 0.2, 0.5), ("late", 0.5, 0.8))   # (name, vision ratio, start fraction)
 
@@ -105,19 +106,11 @@ def text_val_loss(model, stream):
     return float(np.mean(losses))
 
 
-def lr_at(step, steps, lr):
-    warm = max(1, steps // 20)
-    if step < warm:
-        return lr * (step + 1) / warm
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
-
-
 def run(model, stream, steps, lr, batch_size, plan, seed, log_every=0, label="", optimizer="muonclip"):
     """Train `steps` steps; plan(step) -> (n_vision rows, twin?). Returns the text-val-loss curve."""
-    if optimizer == "muonclip":
-        opt = MuonClip.from_model(model, lr=lr, weight_decay=0.0, qk_clip_tau=100.0)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    schedule = train.TrainConfig(optimizer=optimizer, lr=lr, weight_decay=0.0, qk_clip_tau=100.0, schedule="cosine",
+                                 warmup_iters=max(1, steps // 20), max_iters=steps, min_lr_ratio=0.1)
+    opt = train.build_optimizer(model, schedule)
     gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     curve = []
     t0 = time.time()
@@ -125,7 +118,7 @@ def run(model, stream, steps, lr, batch_size, plan, seed, log_every=0, label="",
         if log_every and step % log_every == 0:
             curve.append((step, text_val_loss(model, stream)))
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr)
+            g["lr"] = train.lr_at(step, schedule)
         n_vision, twin = plan(step)
         idx, targets, images = stream.mixed(batch_size, n_vision, gen, rng, twin)
         _, loss = model(idx, targets, images=images)
