@@ -47,9 +47,9 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Input checks: one clear line at the API boundary instead of a traceback from inside a kernel
 
 
-def _stack_sources(sources, D: int | None = None, stack: bool = True):
-    """A list of N tensors [..., D] or one tensor [N, ..., D] -> one tensor [N, ..., D] (checked), or with
-    stack=False the checked list of N tensors [..., D] (the fused path saves those, not a stacked copy)."""
+def _source_list(sources, D: int) -> list:
+    """A list of N tensors [..., D] or one tensor [N, ..., D] -> the checked list of N tensors [..., D]
+    (the fused path saves those, not a stacked copy)."""
     if isinstance(sources, (list, tuple)):
         if len(sources) == 0:
             raise ValueError("sources is an empty list: AttnRes needs at least one source")
@@ -73,10 +73,8 @@ def _stack_sources(sources, D: int | None = None, stack: bool = True):
         raise ValueError("sources has N=0: AttnRes needs at least one source")
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"sources dtype {dtype} is not supported; use float32, bfloat16 or float16")
-    if D is not None and shape[-1] != D:
+    if shape[-1] != D:
         raise ValueError(f"sources last dim {shape[-1]} != query dim {D}")
-    if stack:
-        return torch.stack(list(sources)) if isinstance(sources, (list, tuple)) else sources  # [N, ..., D]
     return list(sources) if isinstance(sources, (list, tuple)) else list(sources.unbind(0))
 
 
@@ -97,6 +95,21 @@ def _check_common(eps, backend):
         raise ValueError(f"eps must be a positive number, got {eps!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+def _check_inputs(query, sources, norm_weight, eps, backend, many=False) -> list:
+    """Every check of the three ops, once: eps and backend, query [D] (many: queries [S, D]), sources,
+    and the key gain(s) of the query's shape. Returns the checked list of N sources [..., D]."""
+    _check_common(eps, backend)
+    q_name, g_name = ("queries", "norm_weights") if many else ("query", "norm_weight")
+    if not isinstance(query, torch.Tensor) or query.dim() != (2 if many else 1):
+        want = "a 2-D tensor [S, D]" if many else "a 1-D tensor [D]"
+        raise ValueError(f"{q_name} must be {want}, got {getattr(query, 'shape', type(query).__name__)}")
+    D, rows = query.shape[-1], (query.shape[0] if many else None)
+    srcs = _source_list(sources, D)
+    _check_vectors(q_name, query, D, srcs[0].device, rows)
+    _check_vectors(g_name, norm_weight, D, srcs[0].device, rows)
+    return srcs
 
 
 def _use_triton(backend: str, sources: torch.Tensor) -> bool:
@@ -145,24 +158,15 @@ def attnres_ref(query, sources, norm_weight, eps=1e-6, return_weights=False):
 
     query [D], sources [N, ..., D] or a list of N tensors [..., D], norm_weight [D].
     Returns h [..., D] in the sources' dtype (and the weights [N, ...] in float32 if asked)."""
-    _check_common(eps, "ref")
-    if not isinstance(query, torch.Tensor) or query.dim() != 1:
-        raise ValueError(f"query must be a 1-D tensor [D], got {getattr(query, 'shape', type(query).__name__)}")
-    sources = _stack_sources(sources, query.shape[0])
-    _check_vectors("query", query, query.shape[0], sources.device)
-    _check_vectors("norm_weight", norm_weight, query.shape[0], sources.device)
+    srcs = _check_inputs(query, sources, norm_weight, eps, "ref")
+    sources = sources if isinstance(sources, torch.Tensor) else torch.stack(srcs)   # [N, ..., D]
     out, weights = _attnres_math(query, sources, norm_weight, eps)
     return (out, weights) if return_weights else out
 
 
 def attnres(query, sources, norm_weight, eps=1e-6, return_weights=False, backend="auto"):
     """Same as attnres_ref; backend 'triton' (default on CUDA) runs the fused forward and backward."""
-    _check_common(eps, backend)
-    if not isinstance(query, torch.Tensor) or query.dim() != 1:
-        raise ValueError(f"query must be a 1-D tensor [D], got {getattr(query, 'shape', type(query).__name__)}")
-    srcs = _stack_sources(sources, query.shape[0], stack=False)              # N x [..., D]
-    _check_vectors("query", query, query.shape[0], srcs[0].device)
-    _check_vectors("norm_weight", norm_weight, query.shape[0], srcs[0].device)
+    srcs = _check_inputs(query, sources, norm_weight, eps, backend)          # N x [..., D]
     if not _use_triton(backend, srcs[0]):
         out, weights = _attnres_math_list(query, srcs, norm_weight, eps)
         return (out, weights) if return_weights else out
@@ -185,13 +189,8 @@ def attnres_stats(queries, sources, norm_weights, eps=1e-6, backend="auto"):
 
     queries [S, D], sources [N, ..., D] or a list, norm_weights [S, D] (one key gain per query).
     Returns (out [S, ..., D] normalised, max [S, ...], lse [S, ...]); max and lse in float32."""
-    _check_common(eps, backend)
-    if not isinstance(queries, torch.Tensor) or queries.dim() != 2:
-        raise ValueError(f"queries must be a 2-D tensor [S, D], got {getattr(queries, 'shape', type(queries).__name__)}")
+    srcs = _check_inputs(queries, sources, norm_weights, eps, backend, many=True)   # N x [..., D]
     S, D = queries.shape
-    srcs = _stack_sources(sources, D, stack=False)                           # N x [..., D]
-    _check_vectors("queries", queries, D, srcs[0].device, rows=S)
-    _check_vectors("norm_weights", norm_weights, D, srcs[0].device, rows=S)
     folded = queries.float() * norm_weights.float()                          # [S, D]
     lead = srcs[0].shape[:-1]
     if _use_triton(backend, srcs[0]):

@@ -167,7 +167,8 @@ def bench_kda():
     ours = "triton (this repo)"
     if any(m == ours for _, m in fwdbwd):
         # the goals: faster than flash attention from T ≈ 4k, >= 3x at 32k, within 1.5x of fla
-        ratio = lambda T, a, b: f"{fwdbwd[T, a] / fwdbwd[T, b]:.2f}" if (T, a) in fwdbwd and (T, b) in fwdbwd else "-"  # noqa: E731
+        def ratio(T, a, b):
+            return f"{fwdbwd[T, a] / fwdbwd[T, b]:.2f}" if (T, a) in fwdbwd and (T, b) in fwdbwd else "-"
         table(["T", "SDPA flash / triton (fwd+bwd time)", "triton / fla chunk_kda (fwd+bwd time)"],
               [[T, ratio(T, "SDPA flash (full attention)", ours), ratio(T, ours, "fla chunk_kda")] for T in lengths])
     notes.append(f"recurrent ref runs up to T = {recurrent_max_T} (a Python loop over tokens)")
