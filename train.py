@@ -133,6 +133,14 @@ def _field_help(cls) -> dict:
     return helps
 
 
+def add_flags(parser: argparse.ArgumentParser, **defaults):
+    """Add train.py's flags (TrainConfig and model.Config fields) to an experiment's parser with the
+    experiment's own defaults and train.py's help text: one name and one meaning per knob across scripts."""
+    helps = {**_field_help(TrainConfig), **_field_help(Config)}
+    for key, default in defaults.items():
+        parser.add_argument(f"--{key}", type=type(default), default=default, help=helps[key].replace("%", "%%"))
+
+
 def _parse_value(name: str, kind, value):
     """A flag's value (text from the command line, or a Python value) as its field's type."""
     if isinstance(value, str) and kind is not str:

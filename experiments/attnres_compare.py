@@ -38,15 +38,8 @@ import train  # noqa: E402
 def parse_args():
     p = argparse.ArgumentParser(description="standard vs block vs full AttnRes", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=150, help="training steps per variant")
-    p.add_argument("--n_layer", type=int, default=4)
-    p.add_argument("--n_embd", type=int, default=64)
-    p.add_argument("--n_head", type=int, default=4)
-    p.add_argument("--block_size", type=int, default=64, help="context length in tokens")
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--attnres_block_size", type=int, default=2, help="sublayers per AttnRes block")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval_iters", type=int, default=8)
-    p.add_argument("--pattern", default="A")
+    train.add_flags(p, n_layer=4, n_embd=64, n_head=4, block_size=64, batch_size=8, attnres_block_size=2, lr=3e-3,
+                    eval_iters=8, pattern="A")
     p.add_argument("--timing_reps", type=int, default=5)
     p.add_argument("--optimizer", default="muonclip", help="muonclip | muon | adamw (train.py's choices)")
     p.add_argument("--seed", type=int, default=1337, help="one seed for all three variants")

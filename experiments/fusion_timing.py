@@ -51,12 +51,8 @@ def parse():
     p.add_argument("--ft_steps", type=int, default=100, help="steps of each fine-tune (experiments 2 and 3)")
     p.add_argument("--batch_size", type=int, default=10, help="rows per step; 10 makes 10/20/50%% whole rows")
     p.add_argument("--block_size", type=int, default=80, help=">= 72: the longest text twin")
-    p.add_argument("--n_layer", type=int, default=2)
-    p.add_argument("--n_head", type=int, default=2)
-    p.add_argument("--n_embd", type=int, default=48)
+    train.add_flags(p, n_layer=2, n_head=2, n_embd=48, vision_n_embd=32, vision_n_layer=1)
     p.add_argument("--vision_patch_size", type=int, default=8, help="8: a 32 x 32 image is 4 LM tokens")
-    p.add_argument("--vision_n_embd", type=int, default=32)
-    p.add_argument("--vision_n_layer", type=int, default=1)
     p.add_argument("--optimizer", default="muonclip", choices=("muonclip", "adamw"),
                    help="muonclip (tau 100, the project default) or adamw")
     p.add_argument("--tasks", default="color_one,side_one",
