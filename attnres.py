@@ -28,13 +28,10 @@ single new source the merge is a sigmoid lerp: h = o1 + σ(s_new - lse1) (v_new 
 The fused op lives in kernels/attnres.py (one pass over the sources, online softmax, float32
 accumulation; the backward recomputes keys instead of saving float32 intermediates).
 
-    python attnres.py --bench          # eager vs torch.compile vs Triton, fwd and fwd+bwd
-    python attnres.py --plot out.png   # depth-attention heatmap of a tiny random stream (smoke test)
+    python attnres.py --bench          # = python bench.py attnres: eager vs torch.compile vs Triton
+    python experiments/attnres_compare.py   # trains the three residuals; draws the depth-attention heatmaps
 """
-import argparse
 import math
-import os
-import time
 
 import torch
 import torch.nn as nn
@@ -50,9 +47,9 @@ FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 # Input checks: one clear line at the API boundary instead of a traceback from inside a kernel
 
 
-def _stack_sources(sources, D: int | None = None, stack: bool = True):
-    """A list of N tensors [..., D] or one tensor [N, ..., D] -> one tensor [N, ..., D] (checked), or with
-    stack=False the checked list of N tensors [..., D] (the fused path saves those, not a stacked copy)."""
+def _source_list(sources, D: int) -> list:
+    """A list of N tensors [..., D] or one tensor [N, ..., D] -> the checked list of N tensors [..., D]
+    (the fused path saves those, not a stacked copy)."""
     if isinstance(sources, (list, tuple)):
         if len(sources) == 0:
             raise ValueError("sources is an empty list: AttnRes needs at least one source")
@@ -76,10 +73,8 @@ def _stack_sources(sources, D: int | None = None, stack: bool = True):
         raise ValueError("sources has N=0: AttnRes needs at least one source")
     if dtype not in FLOAT_DTYPES:
         raise TypeError(f"sources dtype {dtype} is not supported; use float32, bfloat16 or float16")
-    if D is not None and shape[-1] != D:
+    if shape[-1] != D:
         raise ValueError(f"sources last dim {shape[-1]} != query dim {D}")
-    if stack:
-        return torch.stack(list(sources)) if isinstance(sources, (list, tuple)) else sources  # [N, ..., D]
     return list(sources) if isinstance(sources, (list, tuple)) else list(sources.unbind(0))
 
 
@@ -100,6 +95,21 @@ def _check_common(eps, backend):
         raise ValueError(f"eps must be a positive number, got {eps!r}")
     if backend not in BACKENDS:
         raise ValueError(f"backend={backend!r}: use one of {', '.join(BACKENDS)}")
+
+
+def _check_inputs(query, sources, norm_weight, eps, backend, many=False) -> list:
+    """Every check of the three ops, once: eps and backend, query [D] (many: queries [S, D]), sources,
+    and the key gain(s) of the query's shape. Returns the checked list of N sources [..., D]."""
+    _check_common(eps, backend)
+    q_name, g_name = ("queries", "norm_weights") if many else ("query", "norm_weight")
+    if not isinstance(query, torch.Tensor) or query.dim() != (2 if many else 1):
+        want = "a 2-D tensor [S, D]" if many else "a 1-D tensor [D]"
+        raise ValueError(f"{q_name} must be {want}, got {getattr(query, 'shape', type(query).__name__)}")
+    D, rows = query.shape[-1], (query.shape[0] if many else None)
+    srcs = _source_list(sources, D)
+    _check_vectors(q_name, query, D, srcs[0].device, rows)
+    _check_vectors(g_name, norm_weight, D, srcs[0].device, rows)
+    return srcs
 
 
 def _use_triton(backend: str, sources: torch.Tensor) -> bool:
@@ -148,24 +158,15 @@ def attnres_ref(query, sources, norm_weight, eps=1e-6, return_weights=False):
 
     query [D], sources [N, ..., D] or a list of N tensors [..., D], norm_weight [D].
     Returns h [..., D] in the sources' dtype (and the weights [N, ...] in float32 if asked)."""
-    _check_common(eps, "ref")
-    if not isinstance(query, torch.Tensor) or query.dim() != 1:
-        raise ValueError(f"query must be a 1-D tensor [D], got {getattr(query, 'shape', type(query).__name__)}")
-    sources = _stack_sources(sources, query.shape[0])
-    _check_vectors("query", query, query.shape[0], sources.device)
-    _check_vectors("norm_weight", norm_weight, query.shape[0], sources.device)
+    srcs = _check_inputs(query, sources, norm_weight, eps, "ref")
+    sources = sources if isinstance(sources, torch.Tensor) else torch.stack(srcs)   # [N, ..., D]
     out, weights = _attnres_math(query, sources, norm_weight, eps)
     return (out, weights) if return_weights else out
 
 
 def attnres(query, sources, norm_weight, eps=1e-6, return_weights=False, backend="auto"):
     """Same as attnres_ref; backend 'triton' (default on CUDA) runs the fused forward and backward."""
-    _check_common(eps, backend)
-    if not isinstance(query, torch.Tensor) or query.dim() != 1:
-        raise ValueError(f"query must be a 1-D tensor [D], got {getattr(query, 'shape', type(query).__name__)}")
-    srcs = _stack_sources(sources, query.shape[0], stack=False)              # N x [..., D]
-    _check_vectors("query", query, query.shape[0], srcs[0].device)
-    _check_vectors("norm_weight", norm_weight, query.shape[0], srcs[0].device)
+    srcs = _check_inputs(query, sources, norm_weight, eps, backend)          # N x [..., D]
     if not _use_triton(backend, srcs[0]):
         out, weights = _attnres_math_list(query, srcs, norm_weight, eps)
         return (out, weights) if return_weights else out
@@ -188,13 +189,8 @@ def attnres_stats(queries, sources, norm_weights, eps=1e-6, backend="auto"):
 
     queries [S, D], sources [N, ..., D] or a list, norm_weights [S, D] (one key gain per query).
     Returns (out [S, ..., D] normalised, max [S, ...], lse [S, ...]); max and lse in float32."""
-    _check_common(eps, backend)
-    if not isinstance(queries, torch.Tensor) or queries.dim() != 2:
-        raise ValueError(f"queries must be a 2-D tensor [S, D], got {getattr(queries, 'shape', type(queries).__name__)}")
+    srcs = _check_inputs(queries, sources, norm_weights, eps, backend, many=True)   # N x [..., D]
     S, D = queries.shape
-    srcs = _stack_sources(sources, D, stack=False)                           # N x [..., D]
-    _check_vectors("queries", queries, D, srcs[0].device, rows=S)
-    _check_vectors("norm_weights", norm_weights, D, srcs[0].device, rows=S)
     folded = queries.float() * norm_weights.float()                          # [S, D]
     lead = srcs[0].shape[:-1]
     if _use_triton(backend, srcs[0]):
@@ -353,135 +349,7 @@ class AttnResStream(nn.Module):
         weights.append(w.flatten(1).mean(dim=1))
 
 
-# ----------------------------------------------------------------------------------------------------
-# The paper's Figure 8: where each sublayer reads from
-
-
-def plot_depth_attention(weights, path, title="AttnRes depth attention (token average)", sublayer_names=None):
-    """weights: the list from stream(..., return_weights=True) (row l = sublayer l, last row = final read;
-    column i = source i: the embedding, then sublayer outputs or block sums). Writes a PNG; returns path."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    rows = [w.detach().float().cpu().numpy() for w in weights]
-    n_cols = max(len(r) for r in rows)
-    grid = np.full((len(rows), n_cols), np.nan)                              # [sublayers + 1, sources]
-    for l, r in enumerate(rows):
-        grid[l, :len(r)] = r
-    names = list(sublayer_names or [str(l) for l in range(len(rows) - 1)]) + ["out"]
-    fig, ax = plt.subplots(figsize=(max(5.0, 1.5 + 0.4 * n_cols), max(3.5, 1.2 + 0.3 * len(rows))))
-    im = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(n_cols))
-    ax.set_xticklabels(["emb"] + [str(i) for i in range(1, n_cols)], fontsize=7)
-    ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels(names, fontsize=7)
-    ax.set_xlabel("source (0 = embedding)")
-    ax.set_ylabel("reading sublayer")
-    ax.set_title(title, fontsize=9)
-    fig.colorbar(im, ax=ax, fraction=0.05)
-    fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-# ----------------------------------------------------------------------------------------------------
-# Benchmark: eager reference vs torch.compile vs the fused Triton op
-
-
-def _time(fn, reps, sync):
-    fn()  # warm-up (and compilation)
-    sync()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    sync()
-    return (time.perf_counter() - t0) / reps
-
-
-def bench():
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    dtype = torch.bfloat16 if cuda else torch.float32
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    if cuda:
-        shapes = [(4, 768, 8192), (8, 1024, 16384), (8, 2048, 16384), (16, 2048, 8192),
-                  (8, 4096, 32768), (16, 4096, 32768)]                        # (N sources, D, tokens)
-        reps = 20
-        name = torch.cuda.get_device_name()
-        peak = next((bw for key, bw in (("H200", 4.8e12), ("H100", 3.35e12), ("A100", 2.0e12)) if key in name), None)
-    else:
-        shapes = [(4, 256, 2048), (8, 512, 1024)]
-        reps = 3
-        name, peak = "CPU", None
-        print("note: CPU run; Triton rows skipped (the interpreter is a correctness tool, not a speed path)\n")
-    eager = lambda q, v, g: _attnres_math(q, v, g, 1e-6)[0]
-    compiled = torch.compile(eager)
-    impls = [("eager reference", eager), ("torch.compile reference", compiled)]
-    if cuda:
-        impls.append(("Triton fused", lambda q, v, g: attnres(q, v, g, 1e-6, backend="triton")))
-    print(f"device: {name}, dtype {str(dtype).replace('torch.', '')}, GB/s counts the minimum traffic "
-          f"(fwd: read N·M·D + write M·D; bwd adds read N·M·D + 2·M·D, write N·M·D)\n")
-    print("| N | D | tokens | impl | fwd ms | fwd GB/s | fwd+bwd ms | fwd+bwd GB/s | peak MiB (fwd+bwd) |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for N, D, M in shapes:
-        esize = torch.finfo(dtype).bits // 8
-        fwd_bytes = (N * M * D + M * D) * esize
-        bwd_bytes = fwd_bytes + (2 * N * M * D + 2 * M * D) * esize
-        sources = torch.randn(N, M, D, device=device, dtype=dtype, requires_grad=True)
-        query = (0.1 * torch.randn(D, device=device)).requires_grad_()
-        gain = torch.ones(D, device=device, requires_grad=True)
-        dout = torch.randn(M, D, device=device, dtype=dtype)
-        for label, fn in impls:
-            def fwd():
-                with torch.no_grad():
-                    fn(query, sources, gain)
-
-            def fwd_bwd():
-                fn(query, sources, gain).backward(dout)
-                sources.grad = query.grad = gain.grad = None
-            try:
-                t_f = _time(fwd, reps, sync)
-                if cuda:
-                    torch.cuda.reset_peak_memory_stats()
-                    base = torch.cuda.memory_allocated()
-                t_fb = _time(fwd_bwd, reps, sync)
-                mem = f"{(torch.cuda.max_memory_allocated() - base) / 2**20:.0f}" if cuda else "n/a"
-                gbs_f = f"{fwd_bytes / t_f / 1e9:.3g}" + (f" ({100 * fwd_bytes / t_f / peak:.0f}%)" if peak else "")
-                gbs_fb = f"{bwd_bytes / t_fb / 1e9:.3g}" + (f" ({100 * bwd_bytes / t_fb / peak:.0f}%)" if peak else "")
-                print(f"| {N} | {D} | {M} | {label} | {1e3 * t_f:.3f} | {gbs_f} | {1e3 * t_fb:.3f} | {gbs_fb} | {mem} |")
-            except Exception as e:  # a failing row is reported, not hidden
-                print(f"| {N} | {D} | {M} | {label} | failed: {type(e).__name__}: {str(e).splitlines()[0][:80]} |||||")
-        if not cuda:
-            print(f"| {N} | {D} | {M} | Triton fused | skipped on CPU |||||")
-        del sources, dout
-
-
-def _demo_plot(path):
-    """A tiny random stream with non-zero queries, to smoke-test the plot end to end."""
-    torch.manual_seed(0)
-    D, L = 32, 8
-    stream = AttnResStream(L, D, block_size=None)
-    with torch.no_grad():
-        for q in stream.queries:
-            q.normal_(0, 0.5)
-    mats = [torch.randn(D, D) / math.sqrt(D) for _ in range(L)]
-    sublayers = [lambda h, m=m: F.rms_norm(h, (D,)) @ m for m in mats]
-    _, weights = stream(torch.randn(2, 5, D), sublayers, return_weights=True)
-    print("wrote", plot_depth_attention(weights, path, title="random AttnRes stream (demo)"))
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true", help="print the benchmark table")
-    parser.add_argument("--plot", metavar="PNG", help="write a demo depth-attention heatmap")
-    args = parser.parse_args()
-    if args.bench:
-        bench()
-    if args.plot:
-        _demo_plot(args.plot)
-    if not (args.bench or args.plot):
-        parser.print_help()
+if __name__ == "__main__":  # the benchmark lives in bench.py: python attnres.py --bench = python bench.py attnres
+    import sys
+    import bench
+    sys.exit(bench.forward("attnres", sys.argv[1:]))

@@ -24,15 +24,14 @@ dt_bias), β = sigmoid(b(x)), and a low-rank sigmoid output gate on a per-head R
 
 This file: kda_recurrent_ref (the per-token loop, the oracle), kda_chunk_ref (the chunkwise algorithm in
 PyTorch), kda (the public op: validates and dispatches to the reference or to the Triton kernels in
-kernels/kda.py), the layer, and a benchmark.
+kernels/kda.py), and the layer.
 
-    python kda.py --bench [--threads=1]      # CPU: small reference table; CUDA: Triton vs SDPA flash vs fla
+    python kda.py --bench                    # = python bench.py kda: Triton vs SDPA flash vs fla (CPU: references)
     python -m pytest tests/test_kda.py -q    # references, errors, the layer's incremental decoding
 """
-import argparse
 import functools
 import math
-import time
+import os
 
 import torch
 import torch.nn as nn
@@ -189,43 +188,42 @@ def kda_flops_per_token(n_heads: int, K: int, V: int, chunk_size: int = CHUNK_SI
 # -----------------------------------------------------------------------------------------------------
 # The public op: validate once at the boundary, then dispatch
 
+def _require(ok: bool, message: str, error=ValueError):
+    if not ok:
+        raise error(f"kda: {message}")
+
+
 def _check_inputs(q, k, v, g, beta, scale, initial_state, backend):
+    """Every input check of the op, here once (the Triton wrapper in kernels/kda.py trusts them)."""
     for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if not isinstance(x, torch.Tensor):
-            raise TypeError(f"kda: {name} must be a torch.Tensor, got {type(x).__name__}")
-        if x.dtype not in (torch.float32, torch.float16, torch.bfloat16):
-            raise TypeError(f"kda: {name} must be float32, float16 or bfloat16, got {x.dtype}")
-    if q.dim() != 4:
-        raise ValueError(f"kda: q must be [B, T, H, K], got shape {tuple(q.shape)}")
+        _require(isinstance(x, torch.Tensor), f"{name} must be a torch.Tensor, got {type(x).__name__}", TypeError)
+        _require(x.dtype in (torch.float32, torch.float16, torch.bfloat16),
+                 f"{name} must be float32, float16 or bfloat16, got {x.dtype}", TypeError)
+    _require(q.dim() == 4, f"q must be [B, T, H, K], got shape {tuple(q.shape)}")
     B, T, H, K = q.shape
-    if k.shape != q.shape:
-        raise ValueError(f"kda: k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)}")
-    if g.shape != q.shape:
-        raise ValueError(f"kda: g shape {tuple(g.shape)} must equal q shape {tuple(q.shape)} (per-channel decay)")
-    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"kda: v must be [B, T, H, V] = [{B}, {T}, {H}, V], got shape {tuple(v.shape)}")
-    if beta.shape != q.shape[:3]:
-        raise ValueError(f"kda: beta must be [B, T, H] = [{B}, {T}, {H}], got shape {tuple(beta.shape)}")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"kda: q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    _require(k.shape == q.shape, f"k shape {tuple(k.shape)} must equal q shape {tuple(q.shape)}")
+    _require(g.shape == q.shape, f"g shape {tuple(g.shape)} must equal q shape {tuple(q.shape)} (per-channel decay)")
+    _require(v.dim() == 4 and v.shape[:3] == q.shape[:3],
+             f"v must be [B, T, H, V] = [{B}, {T}, {H}, V], got shape {tuple(v.shape)}")
+    _require(beta.shape == q.shape[:3], f"beta must be [B, T, H] = [{B}, {T}, {H}], got shape {tuple(beta.shape)}")
+    _require(q.dtype == k.dtype == v.dtype, f"q, k, v must share a dtype, got {q.dtype}, {k.dtype}, {v.dtype}",
+             TypeError)
     V = v.shape[-1]
+    _require(K > 0 and V > 0, f"head dims must be >= 1, got K={K}, V={V}")
     tensors = [("k", k), ("v", v), ("g", g), ("beta", beta)]
     if initial_state is not None:
-        if not isinstance(initial_state, torch.Tensor):
-            raise TypeError(f"kda: initial_state must be a torch.Tensor, got {type(initial_state).__name__}")
-        if initial_state.shape != (B, H, K, V):
-            raise ValueError(f"kda: initial_state must be [B, H, K, V] = [{B}, {H}, {K}, {V}], "
-                             f"got shape {tuple(initial_state.shape)}")
-        if initial_state.dtype != torch.float32:
-            raise TypeError(f"kda: initial_state must be float32, got {initial_state.dtype}")
+        _require(isinstance(initial_state, torch.Tensor),
+                 f"initial_state must be a torch.Tensor, got {type(initial_state).__name__}", TypeError)
+        _require(initial_state.shape == (B, H, K, V), f"initial_state must be [B, H, K, V] = [{B}, {H}, {K}, {V}], "
+                 f"got shape {tuple(initial_state.shape)}")
+        _require(initial_state.dtype == torch.float32, f"initial_state must be float32, got {initial_state.dtype}",
+                 TypeError)
         tensors.append(("initial_state", initial_state))
     for name, x in tensors:
-        if x.device != q.device:
-            raise ValueError(f"kda: {name} is on {x.device} but q is on {q.device}")
-    if scale is not None and not (isinstance(scale, (int, float)) and scale > 0):
-        raise ValueError(f"kda: scale must be a positive number or None, got {scale!r}")
-    if backend not in ("auto", "ref", "triton"):
-        raise ValueError(f"kda: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
+        _require(x.device == q.device, f"{name} is on {x.device} but q is on {q.device}")
+    _require(scale is None or (isinstance(scale, (int, float)) and scale > 0),
+             f"scale must be a positive number or None, got {scale!r}")
+    _require(backend in ("auto", "ref", "triton"), f"backend must be 'auto', 'ref' or 'triton', got {backend!r}")
 
 
 def resolve_backend(backend: str, on_cuda: bool, K: int, V: int) -> str:
@@ -248,18 +246,20 @@ def kda(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=Fal
     "auto" (Triton on CUDA tensors within the kernels' K <= 128, V <= 256, else the reference; a single
     token takes the recurrent step)."""
     _check_inputs(q, k, v, g, beta, scale, initial_state, backend)
+    K, V = q.shape[-1], v.shape[-1]
     if backend == "auto":
         if q.shape[1] == 1:  # one decoding step: the recurrence itself is cheapest, no chunk padding
             return kda_recurrent_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
-        backend = resolve_backend("auto", q.is_cuda, q.shape[-1], v.shape[-1])
-    if backend == "ref":
+        backend = resolve_backend("auto", q.is_cuda, K, V)
+    if backend == "ref" or q.numel() == 0:  # (nothing to compute: the reference returns the empty output)
         return kda_chunk_ref(q, k, v, g, beta, scale, initial_state, output_final_state)
     # imported here so that kda.py (references, layer) works even where the kernels cannot load
     import kernels.kda as triton_kda
-    K, V = q.shape[-1], v.shape[-1]
-    if K > triton_kda.MAX_K or V > triton_kda.MAX_V:  # the kernels keep a state slice on-chip
-        raise ValueError(f"kda: the Triton path supports K <= {triton_kda.MAX_K} and V <= {triton_kda.MAX_V}, "
-                         f"got K={K}, V={V}; use backend='ref' for larger heads")
+    _require(K <= triton_kda.MAX_K and V <= triton_kda.MAX_V,  # the kernels keep a state slice on-chip
+             f"the Triton path supports K <= {triton_kda.MAX_K} and V <= {triton_kda.MAX_V}, got K={K}, V={V}; "
+             "use backend='ref' for larger heads")
+    _require(q.is_cuda or os.environ.get("TRITON_INTERPRET") == "1", f"backend='triton' on {q.device} tensors "
+             "needs CUDA, or TRITON_INTERPRET=1 set before triton is imported (the interpreter runs the kernels on CPU)")
     scale = K ** -0.5 if scale is None else float(scale)
     return triton_kda.chunk_kda_triton(q, k, v, g, beta, scale, initial_state, output_final_state)
 
@@ -380,173 +380,7 @@ class KimiDeltaAttention(nn.Module):
         return self.o_proj(o)
 
 
-# -----------------------------------------------------------------------------------------------------
-# Benchmark: python kda.py --bench
-
-def _kda_flops(B, T, H, K, C=CHUNK_SIZE):
-    # forward FLOPs of the chunked algorithm per head (Kimi Linear §6.3, Eq. 13): 6T·d² + 3T·C·d + T·C²
-    return B * H * (6 * T * K * K + 3 * T * C * K + T * C * C)
-
-
-def _attention_flops(B, T, H, K):
-    # causal attention forward: QKᵀ and PV, half of the T² pairs each: 2T²·d per head
-    return B * H * 2 * T * T * K
-
-
-def _time(fn, device, budget_s=0.5, max_iters=20):
-    """Mean time per call: one warm-up call (compiles kernels), then repeats filling ~budget_s."""
-    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
-    fn()
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    first = time.perf_counter() - start
-    if first > budget_s:  # slow enough that one more call adds little accuracy
-        return first
-    iters = max(1, min(max_iters, int(budget_s / max(first, 1e-6))))
-    start = time.perf_counter()
-    for _ in range(iters):
-        fn()
-    sync()
-    return (time.perf_counter() - start) / iters
-
-
-def _measure(fn, device, errors):
-    """(seconds, peak MiB above what was allocated before), or the reason it could not run (the error's
-    message goes to `errors`)."""
-    try:
-        if device == "cuda":
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-        seconds = _time(fn, device)
-        peak = (torch.cuda.max_memory_allocated() - base) / 2**20 if device == "cuda" else None
-        return seconds, peak
-    except torch.cuda.OutOfMemoryError:
-        torch.cuda.empty_cache()
-        return "out of memory", None
-    except Exception as e:  # a broken fast path shows up in the table, not as a crash of the whole run
-        errors.append(f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}")
-        return f"failed ({type(e).__name__})", None
-
-
-def bench(threads=None):
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    if cuda:
-        dtype, H, K, tokens = torch.bfloat16, 16, 128, 32768
-        lengths = [512, 1024, 2048, 4096, 8192, 16384, 32768]
-        # the recurrent loop launches ~10 kernels per token and its autograd graph holds a state per token
-        recurrent_max_T = 2048
-    else:
-        if threads:
-            torch.set_num_threads(threads)
-        dtype, H, K, tokens = torch.float32, 2, 32, 1024
-        lengths = [128, 256, 512, 1024]
-        recurrent_max_T = 1024
-    V = K
-
-    methods = {}  # name -> fn(q, k, v, g, beta) -> o
-    methods["recurrent ref"] = lambda q, k, v, g, b: kda_recurrent_ref(q, k, v, g, b)[0]
-    methods["chunk ref"] = lambda q, k, v, g, b: kda_chunk_ref(q, k, v, g, b)[0]
-    notes = []
-    if cuda:
-        try:
-            from kernels.kda import chunk_kda_triton
-            methods["triton (this repo)"] = lambda q, k, v, g, b: chunk_kda_triton(q, k, v, g, b, K ** -0.5,
-                                                                                   None, False)[0]
-        except Exception as e:  # report, do not hide
-            notes.append(f"Triton path not benchmarked: kernels.kda failed to import ({type(e).__name__}: {e})")
-        try:
-            from fla.ops.kda import chunk_kda as fla_chunk_kda
-            methods["fla chunk_kda"] = lambda q, k, v, g, b: fla_chunk_kda(q, k, v, g, b)[0]
-        except Exception:
-            notes.append("fla (flash-linear-attention) not installed: no fla chunk_kda row")
-    else:
-        notes.append("CPU: Triton rows skipped (the Triton interpreter is a correctness tool, not a speed path); "
-                     "run on a CUDA machine for the Triton, fla and SDPA-flash rows")
-
-    def attention(q, k, v, g, b):
-        # SDPA with q [B,H,T,d]; on CUDA forced to the flash backend
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        if cuda:
-            from torch.nn.attention import SDPBackend, sdpa_kernel
-            with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-                return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2)
-    methods["SDPA flash (full attention)" if cuda else "SDPA (full attention)"] = attention
-
-    name = torch.cuda.get_device_name() if cuda else f"CPU ({torch.get_num_threads()} thread(s))"
-    print(f"## KDA benchmark on {name}, {str(dtype).replace('torch.', '')}, B·T = {tokens}, H = {H}, K = V = {K}\n")
-    print("| T | B | method | fwd ms | fwd TFLOP/s | fwd+bwd ms | fwd+bwd TFLOP/s | fwd+bwd peak MiB |")
-    print("|---|---|---|---|---|---|---|---|")
-    fwdbwd_seconds = {}  # (T, method) -> seconds, for the goal ratios below
-    for T in lengths:
-        B = max(1, tokens // T)
-        gen = torch.Generator(device="cpu").manual_seed(0)
-        make = lambda *shape: torch.randn(*shape, generator=gen).to(device)
-        q = F.normalize(make(B, T, H, K), dim=-1).to(dtype)
-        k = F.normalize(make(B, T, H, K), dim=-1).to(dtype)
-        v = make(B, T, H, V).to(dtype)
-        g = F.logsigmoid(make(B, T, H, K))                                # float32 log decay
-        beta = make(B, T, H).sigmoid()
-        do = make(B, T, H, V).to(dtype)
-        for method, fn in methods.items():
-            if method == "recurrent ref" and T > recurrent_max_T:
-                continue
-            leaves = [x.detach().requires_grad_() for x in (q, k, v, g, beta)]
-
-            def forward():
-                with torch.no_grad():
-                    fn(q, k, v, g, beta)
-
-            def forward_backward():
-                fn(*leaves).backward(do)
-
-            attn = method.startswith("SDPA")
-            flops = _attention_flops(B, T, H, K) if attn else _kda_flops(B, T, H, K)
-            errors = []
-            fwd, _ = _measure(forward, device, errors)
-            fwdbwd, peak = _measure(forward_backward, device, errors)
-            notes += [f"T = {T}, {method}: {e}" for e in errors]
-            if not isinstance(fwdbwd, str):
-                fwdbwd_seconds[T, method] = fwdbwd
-            cells = []
-            for seconds, factor in ((fwd, 1), (fwdbwd, 3)):   # fwd+bwd FLOPs counted as 3 × forward
-                if isinstance(seconds, str):
-                    cells += [seconds, "–"]
-                else:
-                    cells += [f"{seconds * 1e3:.2f}", f"{factor * flops / seconds / 1e12:.3g}"]
-            cells.append(f"{peak:.0f}" if peak is not None else "–")
-            print(f"| {T} | {B} | {method} | " + " | ".join(cells) + " |")
-    print()
-    ours, flash = "triton (this repo)", "SDPA flash (full attention)"
-    if any(m == ours for _, m in fwdbwd_seconds):
-        # the issue's goals: faster than flash attention from T ≈ 4k, ≥ 3× at 32k, within 1.5× of fla
-        print("| T | SDPA flash / triton (fwd+bwd time) | triton / fla chunk_kda (fwd+bwd time) |")
-        print("|---|---|---|")
-        for T in lengths:
-            def ratio(a, b):
-                if (T, a) in fwdbwd_seconds and (T, b) in fwdbwd_seconds:
-                    return f"{fwdbwd_seconds[T, a] / fwdbwd_seconds[T, b]:.2f}"
-                return "–"
-            print(f"| {T} | {ratio(flash, ours)} | {ratio(ours, 'fla chunk_kda')} |")
-        print()
-    if recurrent_max_T < lengths[-1]:
-        notes.append(f"recurrent ref runs up to T = {recurrent_max_T} (a Python loop over tokens)")
-    notes.append("TFLOP/s: KDA forward 6T·d² + 3T·C·d + T·C² per head (Kimi Linear Eq. 13), causal attention "
-                 "2T²·d per head; fwd+bwd counted as 3 × forward for both. Peak memory on CUDA only.")
-    for note in notes:
-        print(f"- {note}")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--bench", action="store_true", help="print the speed table (CPU: small; CUDA: full)")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for the CPU table (0: torch's default)")
-    args = parser.parse_args()
-    if args.bench:
-        bench(args.threads)
-    else:
-        parser.print_help()
+if __name__ == "__main__":  # the benchmark lives in bench.py: python kda.py --bench = python bench.py kda
+    import sys
+    import bench
+    sys.exit(bench.forward("kda", sys.argv[1:]))

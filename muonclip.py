@@ -2,32 +2,29 @@
 
 The optimizer behind Kimi K2 (arXiv 2507.20534), built on Muon at scale (Moonlight, arXiv 2502.16982).
 
-Muon, for a hidden weight W [A, B] with gradient G:
+Muon, for a hidden weight W [A, B] with gradient G (mu = 0.95):
     M  <- mu·M + (1 - mu)·G                        momentum (EMA form; same direction as the sum form)
-    U  <- (1 - mu)·G + mu·M                        Nesterov look-ahead, mu = 0.95
+    U  <- (1 - mu)·G + mu·M                        Nesterov look-ahead
     O  <- NewtonSchulz5(U)                         ≈ U·(UᵀU)^(-1/2): all singular values pushed to ~1
     W  <- W·(1 - lr·wd) - lr · 0.2·sqrt(max(A, B)) · O
-The 0.2·sqrt(max(A, B)) factor gives O the update RMS of a typical AdamW step (~0.2), so AdamW's
-learning rate and weight decay carry over unchanged ("match_rms_adamw"). Keller Jordan's original
-factor sqrt(max(1, A/B)) is available as adjust_lr="original".
+The 0.2·sqrt(max(A, B)) factor gives O the update RMS of a typical AdamW step (~0.2), so AdamW's learning
+rate and weight decay carry over ("match_rms_adamw"; Keller Jordan's sqrt(max(1, A/B)) is "original").
 
-Newton-Schulz: after X <- U / ||U||_F (so every singular value is <= 1), five steps of
+Newton-Schulz: after X <- U / ||U||_F (every singular value <= 1; tall matrices are transposed first so A
+is the small side), five steps of
     X <- a·X + (b·A + c·A²)·X,   A = X·Xᵀ,   (a, b, c) = (3.4445, -4.7750, 2.0315)
-map each singular value s through a·s + b·s³ + c·s⁵; it lands in about [0.68, 1.13] (not exactly 1,
-which costs nothing in training and saves steps). Tall matrices are transposed first so A is the small side.
+map each singular value s through a·s + b·s³ + c·s⁵, into about [0.68, 1.13] (not exactly 1, which costs
+nothing in training and saves steps).
 
-QK-Clip, after every step: let S_h be the largest scaled logit scale·q·k of softmax-attention head h over
-the batch and all causal pairs (recorded in the forward pass). If S_h > τ (default 100), shrink the head
-so its logits shrink by γ_h = τ / S_h:
+QK-Clip, after every step: S_h is the largest scaled logit scale·q·k of softmax-attention head h over the
+batch and all causal pairs (all pairs for the bidirectional ViT), recorded in the forward pass. If S_h > τ
+(default 100), the head shrinks so its logits shrink by γ_h = τ / S_h:
     one key head per query head (MHA):   W_q rows of h  *= sqrt(γ_h),  W_k rows of h  *= sqrt(γ_h)
     grouped keys (GQA, H > Hkv):         W_q rows of h  *= γ_h,        the shared W_k is left alone
-The GQA rule is ours (K2 uses MLA, where the shared rotary key is likewise left alone and the query
-part takes the full γ): it clips each offending head exactly to τ and leaves every other head in the
-group, weights and logits, bit-identical. Heads at or below τ, W_v, W_o and the optimizer state are
-never touched. KDA layers (L2-normalised q/k) have no attention logits to clip and are skipped.
-Every softmax attention the optimizer trains is watched, the vision encoder's too: its attention is
-bidirectional (S_h is the max over all pairs, not causal ones) and its q, k and v come from one fused
-`qkv` projection, whose q and k row blocks are scaled exactly as separate W_q and W_k would be.
+The GQA rule is ours (K2 uses MLA, whose shared rotary key is likewise left alone): each offending head
+lands exactly on τ and every other head of the group stays bit-identical. Heads at or below τ, W_v, W_o
+and the optimizer state are never touched; KDA layers (L2-normalised q/k) have no logits to clip. A fused
+`qkv` projection (the ViT's) has its q and k row blocks scaled as separate W_q and W_k would be.
 
 Which parameter goes where (MuonClip.from_model walks model.named_modules()):
     nn.Linear weights                                      -> Muon
@@ -35,12 +32,10 @@ Which parameter goes where (MuonClip.from_model walks model.named_modules()):
     1-D params (norm gains, biases) and KDA gates (A_log, dt_bias) -> AdamW, no weight decay
 A parameter shared by two modules (tied embedding/head) goes to AdamW.
 
-Run:  python muonclip.py --bench     (Newton-Schulz and max-logit timings, optimizer-step overhead)
+Run:  python muonclip.py --bench     (= python bench.py muonclip: Newton-Schulz, max logit, optimizer step)
 Tests: python -m pytest tests/test_muonclip.py -q
 """
-import argparse
 import math
-import time
 from collections import defaultdict
 
 import torch
@@ -50,22 +45,24 @@ import torch.nn as nn
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 GATE_PARAM_NAMES = ("A_log", "dt_bias")  # KDA decay-gate parameters: AdamW, no weight decay
+BACKENDS = ("auto", "ref", "triton")
 
 
 # ---------------------------------------------------------------------------------------------------
 # Newton-Schulz: the reference and the fast path
-# ---------------------------------------------------------------------------------------------------
+
+def _require(ok: bool, message: str, error=ValueError):
+    """The argument checks below, one line each: stop with `message` at the API boundary."""
+    if not ok:
+        raise error(message)
+
 
 def _check_ns_args(G, steps, backend):
-    if not isinstance(G, torch.Tensor) or G.ndim < 2:
-        raise ValueError(f"newton_schulz: G must be a tensor with at least 2 dims [..., rows, cols], got "
-                         f"{type(G).__name__ if not isinstance(G, torch.Tensor) else tuple(G.shape)}")
-    if not G.is_floating_point():
-        raise TypeError(f"newton_schulz: G must be floating point, got {G.dtype}")
-    if not isinstance(steps, int) or steps < 0:
-        raise ValueError(f"newton_schulz: steps must be a non-negative int, got {steps!r}")
-    if backend not in ("auto", "ref", "triton"):
-        raise ValueError(f"newton_schulz: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
+    _require(isinstance(G, torch.Tensor) and G.ndim >= 2, "newton_schulz: G must be a tensor with at least 2 dims "
+             f"[..., rows, cols], got {tuple(G.shape) if isinstance(G, torch.Tensor) else type(G).__name__}")
+    _require(G.is_floating_point(), f"newton_schulz: G must be floating point, got {G.dtype}", TypeError)
+    _require(isinstance(steps, int) and steps >= 0, f"newton_schulz: steps must be a non-negative int, got {steps!r}")
+    _require(backend in BACKENDS, f"newton_schulz: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
 
 
 def newton_schulz_ref(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None,
@@ -113,27 +110,21 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, backend: str = "auto", dtype:
 
 # ---------------------------------------------------------------------------------------------------
 # Per-head max logit (what QK-Clip reads): explicit reference and the online Triton kernel
-# ---------------------------------------------------------------------------------------------------
 
 def _check_max_logit_args(q, k, scale, backend):
-    if not (isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor)) or q.ndim != 4 or k.ndim != 4:
-        raise ValueError("max_logit: q must be [B, H, T, Dh] and k [B, Hkv, T, Dh] tensors, got "
-                         f"{getattr(q, 'shape', type(q))} and {getattr(k, 'shape', type(k))}")
+    _require(isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim == 4 and k.ndim == 4,
+             "max_logit: q must be [B, H, T, Dh] and k [B, Hkv, T, Dh] tensors, got "
+             f"{getattr(q, 'shape', type(q))} and {getattr(k, 'shape', type(k))}")
     (B, H, T, Dh), (Bk, Hkv, Tk, Dk) = q.shape, k.shape
-    if (B, T, Dh) != (Bk, Tk, Dk):
-        raise ValueError(f"max_logit: q {tuple(q.shape)} and k {tuple(k.shape)} must agree in B, T and Dh")
-    if Hkv == 0 or H % Hkv != 0:
-        raise ValueError(f"max_logit: n_head {H} must be a multiple of n_kv_head {Hkv}")
-    if T == 0 or B == 0:
-        raise ValueError(f"max_logit: empty input {tuple(q.shape)}")
-    if not q.is_floating_point() or q.dtype != k.dtype:
-        raise TypeError(f"max_logit: q and k must share a floating dtype, got {q.dtype} and {k.dtype}")
-    if q.device != k.device:
-        raise ValueError(f"max_logit: q on {q.device} but k on {k.device}")
-    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-        raise ValueError(f"max_logit: scale must be a positive finite number, got {scale!r}")
-    if backend not in ("auto", "ref", "triton"):
-        raise ValueError(f"max_logit: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
+    _require((B, T, Dh) == (Bk, Tk, Dk), f"max_logit: q {tuple(q.shape)} and k {tuple(k.shape)} must agree in B, T, Dh")
+    _require(Hkv > 0 and H % Hkv == 0, f"max_logit: n_head {H} must be a multiple of n_kv_head {Hkv}")
+    _require(T > 0 and B > 0, f"max_logit: empty input {tuple(q.shape)}")
+    _require(q.is_floating_point() and q.dtype == k.dtype,
+             f"max_logit: q and k must share a floating dtype, got {q.dtype} and {k.dtype}", TypeError)
+    _require(q.device == k.device, f"max_logit: q on {q.device} but k on {k.device}")
+    _require(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0,
+             f"max_logit: scale must be a positive finite number, got {scale!r}")
+    _require(backend in BACKENDS, f"max_logit: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
 
 
 def max_logit_ref(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = True) -> torch.Tensor:
@@ -165,14 +156,11 @@ def max_logit(q: torch.Tensor, k: torch.Tensor, scale: float, backend: str = "au
 
 # ---------------------------------------------------------------------------------------------------
 # The optimizer
-# ---------------------------------------------------------------------------------------------------
 
 def _is_attention(module: nn.Module) -> bool:
-    """Duck typing: a softmax-attention module that can report per-head max logits, with separate
-    q_proj/k_proj or one fused qkv projection."""
-    has_projections = all(hasattr(module, a) for a in ("q_proj", "k_proj")) or hasattr(module, "qkv")
-    return has_projections and all(hasattr(module, a) for a in ("n_head", "n_kv_head", "head_dim",
-                                                               "record_max_logit"))
+    """Duck typing: a softmax-attention module that reports per-head max logits (q_proj/k_proj or one qkv)."""
+    return ((hasattr(module, "q_proj") and hasattr(module, "k_proj")) or hasattr(module, "qkv")) and \
+        all(hasattr(module, a) for a in ("n_head", "n_kv_head", "head_dim", "record_max_logit"))
 
 
 def _qk_head_rows(m: nn.Module, name: str):
@@ -182,14 +170,9 @@ def _qk_head_rows(m: nn.Module, name: str):
     H, Hkv, Dh = m.n_head, m.n_kv_head, m.head_dim
     if hasattr(m, "qkv"):
         t = getattr(m.qkv, name)
-        if t is None:
-            return None
-        qkv = t.view(3, H, Dh, -1)                                         # [3, H, Dh, D] (bias: [3, H, Dh, 1])
-        return qkv[0], qkv[1]
+        return None if t is None else tuple(t.view(3, H, Dh, -1)[:2])   # [3, H, Dh, D] (bias [3, H, Dh, 1])
     q, k = getattr(m.q_proj, name), getattr(m.k_proj, name)
-    if q is None:
-        return None
-    return q.view(H, Dh, -1), k.view(Hkv, Dh, -1)
+    return None if q is None else (q.view(H, Dh, -1), k.view(Hkv, Dh, -1))
 
 
 def _adjusted_lr(lr: float, shape: torch.Size, adjust_lr: str) -> float:
@@ -200,24 +183,19 @@ def _adjusted_lr(lr: float, shape: torch.Size, adjust_lr: str) -> float:
 
 
 def _world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_world_size(), dist.get_rank()
-    return 1, 0
+    """(world size, rank) under torch.distributed, else (1, 0)."""
+    distributed = dist.is_available() and dist.is_initialized()
+    return (dist.get_world_size(), dist.get_rank()) if distributed else (1, 0)
 
 
 class MuonClip(torch.optim.Optimizer):
     """Muon for groups with use_muon=True, AdamW for the others, then QK-Clip on the attention modules.
 
-    Build it with MuonClip.from_model(model, lr=..., weight_decay=...), which routes the parameters and
-    finds the attention modules; or pass param groups yourself (each may set "use_muon"; when it is
-    absent, params with ndim >= 2 go to Muon).
-
-    qk_clip_tau: τ, or None for plain Muon (max logits are still recorded and reported when
-    track_max_logit is on). After each step, self.last_clip_stats is None (no attention module ran) or
+    Build it with MuonClip.from_model(model, lr=..., weight_decay=...), or pass param groups yourself (each
+    may set "use_muon"; when absent, params with ndim >= 2 go to Muon). qk_clip_tau: τ, or None for plain
+    Muon. After each step, self.last_clip_stats is None (no attention module ran) or
         {"layers": [name, ...], "max_logit": [float per layer, max over heads, before the clip],
          "clipped_heads": [int per layer], "max_logit_per_head": [[float per head] per layer]}.
-    Under torch.distributed, each rank orthogonalises its share of the Muon matrices and all-gathers
-    the results; max logits are all-reduced with MAX, so every rank applies the same clip.
     """
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
@@ -225,20 +203,17 @@ class MuonClip(torch.optim.Optimizer):
                  adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8,
                  qk_clip_tau: float | None = 100.0, attention_modules=(), ns_backend: str = "auto",
                  ns_dtype: torch.dtype | None = None):
-        if not (isinstance(lr, (int, float)) and lr >= 0):
-            raise ValueError(f"MuonClip: lr must be a number >= 0, got {lr!r}")
-        if not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-            raise ValueError(f"MuonClip: weight_decay must be >= 0, got {weight_decay!r}")
-        if not 0.0 <= momentum < 1.0:
-            raise ValueError(f"MuonClip: momentum must be in [0, 1), got {momentum!r}")
-        if adjust_lr not in ("match_rms_adamw", "original"):
-            raise ValueError(f"MuonClip: adjust_lr must be 'match_rms_adamw' or 'original', got {adjust_lr!r}")
-        if len(adamw_betas) != 2 or not all(0.0 <= beta < 1.0 for beta in adamw_betas):
-            raise ValueError(f"MuonClip: adamw_betas must be two numbers in [0, 1), got {adamw_betas!r}")
-        if qk_clip_tau is not None and not (isinstance(qk_clip_tau, (int, float)) and qk_clip_tau > 0):
-            raise ValueError(f"MuonClip: qk_clip_tau must be a positive number or None, got {qk_clip_tau!r}")
-        if ns_backend not in ("auto", "ref", "triton"):
-            raise ValueError(f"MuonClip: ns_backend must be 'auto', 'ref' or 'triton', got {ns_backend!r}")
+        _require(isinstance(lr, (int, float)) and lr >= 0, f"MuonClip: lr must be a number >= 0, got {lr!r}")
+        _require(isinstance(weight_decay, (int, float)) and weight_decay >= 0,
+                 f"MuonClip: weight_decay must be >= 0, got {weight_decay!r}")
+        _require(0.0 <= momentum < 1.0, f"MuonClip: momentum must be in [0, 1), got {momentum!r}")
+        _require(adjust_lr in ("match_rms_adamw", "original"),
+                 f"MuonClip: adjust_lr must be 'match_rms_adamw' or 'original', got {adjust_lr!r}")
+        _require(len(adamw_betas) == 2 and all(0.0 <= beta < 1.0 for beta in adamw_betas),
+                 f"MuonClip: adamw_betas must be two numbers in [0, 1), got {adamw_betas!r}")
+        _require(qk_clip_tau is None or (isinstance(qk_clip_tau, (int, float)) and qk_clip_tau > 0),
+                 f"MuonClip: qk_clip_tau must be a positive number or None, got {qk_clip_tau!r}")
+        _require(ns_backend in BACKENDS, f"MuonClip: ns_backend must be 'auto', 'ref' or 'triton', got {ns_backend!r}")
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_steps=ns_steps, adjust_lr=adjust_lr, betas=tuple(adamw_betas), eps=adamw_eps)
         super().__init__(params, defaults)
@@ -247,8 +222,7 @@ class MuonClip(torch.optim.Optimizer):
                 group["use_muon"] = all(p.ndim >= 2 for p in group["params"])
             if group["use_muon"] and any(p.ndim < 2 for p in group["params"]):
                 raise ValueError("MuonClip: a use_muon group holds a parameter with fewer than 2 dims")
-        self.qk_clip_tau = qk_clip_tau
-        self.ns_backend, self.ns_dtype = ns_backend, ns_dtype
+        self.qk_clip_tau, self.ns_backend, self.ns_dtype = qk_clip_tau, ns_backend, ns_dtype
         self.attention_modules = list(attention_modules)  # [(name, module)]
         for name, module in self.attention_modules:
             if not _is_attention(module):
@@ -265,11 +239,9 @@ class MuonClip(torch.optim.Optimizer):
                    track_max_logit: bool = True, **kwargs) -> "MuonClip":
         """Route a model's parameters (see the module docstring) and hook up its attention modules.
 
-        use_muon=False sends every parameter to AdamW with the same decay rules: the AdamW baseline
-        (with qk_clip_tau=None) through the same code path. track_max_logit sets record_max_logit=True
-        on every attention module, so max logits are reported even when nothing is clipped. ns_backend
-        defaults to model.config.backend where the model has one (model.Config.backend governs every kernel).
-        """
+        use_muon=False: every parameter to AdamW with the same decay rules (the AdamW baseline, with
+        qk_clip_tau=None). track_max_logit: max logits are reported even when nothing is clipped.
+        ns_backend defaults to model.config.backend (model.Config.backend governs every kernel)."""
         roles = {}  # id(param) -> "muon" | "decay" | "no_decay"; a shared param takes the AdamW role
         params = {}
         for mod_name, module in model.named_modules():
@@ -332,12 +304,10 @@ class MuonClip(torch.optim.Optimizer):
             p.add_(o.reshape(p.shape), alpha=-_adjusted_lr(lr, p.shape, group["adjust_lr"]))
 
     def _orthogonalise(self, mats, steps):
-        """Newton-Schulz of every matrix, batched by shape; under torch.distributed each rank does a share.
-
-        Same-shape matrices are stacked [n, A, B]; with W ranks the stack is padded to a multiple of W
-        (zero matrices stay zero), rank r orthogonalises slice r, and all_gather reassembles the stack,
-        so every rank applies the same updates (grads are identical after DDP's all-reduce).
-        """
+        """Newton-Schulz of every matrix, batched by shape; under torch.distributed each rank does a share:
+        same-shape matrices are stacked [n, A, B] and padded to a multiple of the W ranks (zero matrices stay
+        zero), rank r orthogonalises slice r, and all_gather reassembles the stack, so every rank applies the
+        same updates (grads are identical after DDP's all-reduce)."""
         world, rank = _world()
         out = [None] * len(mats)
         by_shape = defaultdict(list)
@@ -366,9 +336,7 @@ class MuonClip(torch.optim.Optimizer):
         for p in params:
             state = self.state[p]
             if "step" not in state:
-                state["step"] = 0
-                state["exp_avg"] = torch.zeros_like(p)
-                state["exp_avg_sq"] = torch.zeros_like(p)
+                state.update(step=0, exp_avg=torch.zeros_like(p), exp_avg_sq=torch.zeros_like(p))
             state["step"] += 1
             t, m, v = state["step"], state["exp_avg"], state["exp_avg_sq"]
             p.mul_(1 - lr * wd)
@@ -380,11 +348,9 @@ class MuonClip(torch.optim.Optimizer):
     @torch.no_grad()
     def qk_clip(self):
         """Clip every head whose recorded max logit exceeds τ (see the module docstring); fill last_clip_stats.
-
-        Called at the end of step(). Reads module.max_logit ([n_head] float32, max over the batch and
-        causal pairs, recorded by the forward pass) and resets it to None, so a module that did not run
-        in the next step is not clipped twice with stale numbers.
-        """
+        Called at the end of step(). Reads each module.max_logit ([n_head] float32, all-reduced with MAX
+        across ranks so every rank clips alike) and resets it to None: a module that does not run in the
+        next step is not clipped twice with stale numbers."""
         layers = [(n, m) for n, m in self.attention_modules if getattr(m, "max_logit", None) is not None]
         if not layers:
             self.last_clip_stats = None
@@ -401,10 +367,8 @@ class MuonClip(torch.optim.Optimizer):
             clipped = (s_max > tau) if tau is not None else torch.zeros_like(s_max, dtype=torch.bool)
             if clipped.any():
                 self._clip_heads(m, s_max, clipped, tau)
-            stats["layers"].append(name)
-            stats["max_logit"].append(s_max.max().item())
-            stats["clipped_heads"].append(int(clipped.sum().item()))
-            stats["max_logit_per_head"].append(s_max.tolist())
+            for key, value in zip(stats, (name, s_max.max().item(), int(clipped.sum()), s_max.tolist())):
+                stats[key].append(value)                       # in the order of stats' keys
             m.max_logit = None
         self.last_clip_stats = stats
 
@@ -428,129 +392,7 @@ class MuonClip(torch.optim.Optimizer):
                 q_rows[heads] = q_rows[heads] * gamma.to(q_rows.dtype).view(-1, 1, 1)
 
 
-# ---------------------------------------------------------------------------------------------------
-# Benchmark: python muonclip.py --bench
-# ---------------------------------------------------------------------------------------------------
-
-def _time_ms(fn, reps):
-    fn()  # warm-up (and Triton compile / autotune)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps * 1e3
-
-
-def _peak_mib(fn):
-    if not torch.cuda.is_available():
-        return float("nan")
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return (torch.cuda.max_memory_allocated() - base) / 2 ** 20
-
-
-def bench():
-    cuda = torch.cuda.is_available()
-    device = "cuda" if cuda else "cpu"
-    print(f"device: {torch.cuda.get_device_name() if cuda else 'CPU'}, torch {torch.__version__}")
-    if not cuda:
-        print("note: no CUDA device; Triton rows are skipped (the interpreter is not a speed path), small sizes")
-    torch_ns = getattr(getattr(torch.optim, "_muon", None), "_zeropower_via_newtonschulz", None)
-
-    print("\n### Newton-Schulz, 5 steps: ms (TFLOP/s, counting the dense 4m²n + 2m³ FLOPs per step)\n")
-    print("| shape | reference | Triton (symmetric) | torch.optim.Muon routine | Triton speed-up | peak MiB ref / Triton |")
-    print("|---|---|---|---|---|---|")
-    shapes = ([(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (1024, 4096), (4096, 1024),
-               (2048, 8192), (8 * 768, 768)] if cuda else [(256, 256), (512, 512), (256, 1024), (1024, 256)])
-    for rows, cols in shapes:
-        G = torch.randn(rows, cols, device=device)
-        m, n = min(rows, cols), max(rows, cols)
-        flops = 5 * (4 * m * m * n + 2 * m ** 3)
-        reps = 10 if cuda else 3
-        t_ref = _time_ms(lambda: newton_schulz_ref(G), reps)
-        cells = [f"{t_ref:.3f} ({flops / t_ref / 1e9:.3g})"]
-        if cuda:
-            t_tri = _time_ms(lambda: newton_schulz(G, backend="triton"), reps)
-            cells.append(f"{t_tri:.3f} ({flops / t_tri / 1e9:.3g})")
-        else:
-            t_tri = None
-            cells.append("skipped (CPU)")
-        if torch_ns is not None:
-            t_torch = _time_ms(lambda: torch_ns(G, NS_COEFFS, 5, NS_EPS), reps)
-            cells.append(f"{t_torch:.3f} ({flops / t_torch / 1e9:.3g})")
-        else:
-            cells.append("n/a (torch < 2.9)")
-        cells.append(f"{t_ref / t_tri:.2f}x" if t_tri else "-")
-        mem = (f"{_peak_mib(lambda: newton_schulz_ref(G)):.0f} / {_peak_mib(lambda: newton_schulz(G, backend='triton')):.0f}"
-               if cuda else "-")
-        print(f"| {rows}x{cols} | " + " | ".join(cells) + f" | {mem} |")
-
-    print("\n### Per-head max logit (ms): explicit logits vs online Triton kernel vs SDPA forward for scale\n")
-    print("| B, H, Hkv, T, Dh | reference (T x T) | Triton (online) | SDPA causal forward | peak MiB ref / Triton |")
-    print("|---|---|---|---|---|")
-    dt = torch.bfloat16 if cuda else torch.float32
-    configs = [(8, 12, 12, 1024, 64), (4, 16, 4, 2048, 128), (1, 16, 16, 8192, 64)] if cuda else [(2, 4, 4, 256, 32)]
-    for B, H, Hkv, T, Dh in configs:
-        q = torch.randn(B, H, T, Dh, device=device, dtype=dt)
-        k = torch.randn(B, Hkv, T, Dh, device=device, dtype=dt)
-        v = torch.randn(B, H, T, Dh, device=device, dtype=dt)
-        scale = Dh ** -0.5
-        reps = 10 if cuda else 3
-        t_ref = _time_ms(lambda: max_logit_ref(q, k, scale), reps)
-        t_tri = f"{_time_ms(lambda: max_logit(q, k, scale, backend='triton'), reps):.3f}" if cuda else "skipped (CPU)"
-        kk = k.repeat_interleave(H // Hkv, dim=1)
-        t_sdpa = _time_ms(lambda: torch.nn.functional.scaled_dot_product_attention(q, kk, v, is_causal=True), reps)
-        mem = (f"{_peak_mib(lambda: max_logit_ref(q, k, scale)):.0f} / "
-               f"{_peak_mib(lambda: max_logit(q, k, scale, backend='triton')):.0f}" if cuda else "-")
-        print(f"| {B}, {H}, {Hkv}, {T}, {Dh} | {t_ref:.3f} | {t_tri} | {t_sdpa:.3f} | {mem} |")
-
-    _bench_step_overhead(device)
-
-
-def _bench_step_overhead(device):
-    """Optimizer step vs a training step, on a stand-in with GPT-2-small's matrices (no model.py import).
-
-    The stand-in is 12 blocks of (q, k, v, o, fc 4x, proj) Linear layers applied in sequence; its
-    forward+backward costs ~6·N·tokens FLOPs like a transformer's matmuls (attention itself excluded).
-    """
-    cuda = device == "cuda"
-    d, n_layer, tokens = (768, 12, 16 * 1024) if cuda else (128, 2, 1024)
-    layers = []
-    for _ in range(n_layer):
-        layers += [nn.Linear(d, d, bias=False) for _ in range(4)]
-        layers += [nn.Linear(d, 4 * d, bias=False), nn.GELU(), nn.Linear(4 * d, d, bias=False)]
-    model = nn.Sequential(*layers).to(device)
-    x = torch.randn(tokens, d, device=device)
-    amp = torch.autocast("cuda", dtype=torch.bfloat16) if cuda else torch.autocast("cpu", enabled=False)
-
-    def train_step():
-        with amp:
-            model(x).float().square().mean().backward()
-
-    print("\n### Optimizer step vs training step (stand-in: "
-          f"{n_layer} blocks of d={d} Linear layers, {tokens} tokens per step)\n")
-    print("| optimizer | step (ms) | fwd+bwd (ms) | step / (fwd+bwd+step) |")
-    print("|---|---|---|---|")
-    t_fb = _time_ms(train_step, 5 if cuda else 2)
-    backends = ["ref", "triton"] if cuda else ["ref"]
-    for name in ["adamw"] + [f"muon ({b})" for b in backends]:
-        if name == "adamw":
-            opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=cuda)
-        else:
-            opt = MuonClip.from_model(model, lr=1e-4, ns_backend=name.split("(")[1][:-1])
-        t_opt = _time_ms(opt.step, 5 if cuda else 2)
-        print(f"| {name} | {t_opt:.2f} | {t_fb:.2f} | {100 * t_opt / (t_fb + t_opt):.1f}% |")
-
-
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--bench", action="store_true", help="print the benchmark tables")
-    if parser.parse_args().bench:
-        bench()
-    else:
-        parser.print_help()
+if __name__ == "__main__":  # the benchmark lives in bench.py: python muonclip.py --bench = python bench.py muonclip
+    import sys
+    import bench
+    sys.exit(bench.forward("muonclip", sys.argv[1:]))

@@ -10,17 +10,15 @@ assign_task(agent, task); each sub-agent runs on its own and returns one message
 
 Read top to bottom: the records (SubagentRun, Stage, Trace), `run_subagent` (drives one generator
 worker under a step budget), `SwarmRuntime` (one episode: the two tools, main_step, gather, answer),
-and `bench` (overhead per step with 100 concurrent sub-agents: python swarm.py --bench).
+its overhead per step with 100 concurrent sub-agents is measured by python bench.py swarm (= python swarm.py --bench).
 """
 import concurrent.futures as cf
-import math
 import os
 import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-import torch
 
 
 @dataclass
@@ -259,47 +257,3 @@ class SwarmRuntime:
 
     def __exit__(self, *exc):
         self.close()
-
-
-# ---------------------------------------------------------------------------------------------------
-# benchmark: python swarm.py --bench
-# ---------------------------------------------------------------------------------------------------
-
-
-def _noop_worker(system_prompt, task):
-    for _ in range(task["steps"]):
-        yield
-    return task["steps"]
-
-
-def bench(n_agents=100, steps_each=15, sleep_s=0.001, repeats=3):
-    """Runtime overhead at K2.5's scale: n_agents concurrent sub-agents, n_agents * steps_each steps."""
-    print(f"# swarm runtime: {n_agents} concurrent sub-agents x {steps_each} steps = {n_agents * steps_each} steps "
-          f"in one episode ({os.cpu_count()} CPUs, torch {torch.__version__})")
-    print("No Triton path here: the runtime is plain Python (concurrent.futures); nothing to compare against.\n")
-    print("| executor | step cost | wall (ms) | ideal (ms) | overhead / step (us) |")
-    print("|---|---|---|---|---|")
-    for step_cost in (0.0, sleep_s):
-        for kind in ("inline", "thread", "process"):
-            pool, width = None, 1
-            if kind == "thread":
-                pool, width = cf.ThreadPoolExecutor(n_agents), n_agents
-            elif kind == "process":
-                width = min(8, os.cpu_count() or 1)
-                pool = cf.ProcessPoolExecutor(width)
-            walls = []
-            for _ in range(repeats + 1):     # the first warms the pool up
-                rt = SwarmRuntime(_noop_worker, executor=pool or "inline", max_subagents=n_agents,
-                                  sub_step_budget=steps_each, step_delay=step_cost)
-                t0 = time.perf_counter()
-                for i in range(n_agents):
-                    rt.assign_task(rt.create_subagent(f"a{i}", "You are a worker."), {"steps": steps_each})
-                trace = rt.answer(None)
-                walls.append(time.perf_counter() - t0)
-                assert trace.total_steps == n_agents * steps_each + 1 and trace.critical_steps == steps_each + 1
-            if pool:
-                pool.shutdown()
-            wall = min(walls[1:])
-            ideal = steps_each * step_cost * math.ceil(n_agents / width)   # waves of `width` at a time
-            print(f"| {kind} ({width} at once) | {step_cost * 1e3:.0f} ms | {wall * 1e3:.1f} | {ideal * 1e3:.1f} | "
-                  f"{(wall - ideal) / (n_agents * steps_each) * 1e6:.1f} |")

@@ -15,6 +15,7 @@ run stops with a one-line error unless --resume (continue it) or --overwrite (re
 change with it. Ctrl-C stops at the end of the current step and writes its checkpoint.
 """
 import argparse
+import contextlib
 import inspect
 import io
 import json
@@ -80,7 +81,7 @@ class TrainConfig:
     # vision (vision.py): share of rows that are image-text, from which fraction of the run, which tasks
     vision_ratio: float = 0.125        # K2.5's early fusion: a modest share from step 0 (2 of 16 rows)
     vision_start: float = 0.0          # fraction of max_iters before the first image row (0 = early fusion)
-    vision_tasks: str = "all"          # comma-separated vision.TASKS, or all
+    vision_tasks: str = "all"          # comma-separated image_tasks.TASKS, or all
     vision_eval_n: int = 200           # held-out image questions per eval (and their text twins)
     # model: see model.Config; these are the GPU defaults: Kimi Linear's 3:1 hybrid, block AttnRes, image tokens
     model: Config = field(default_factory=lambda: Config(
@@ -132,6 +133,14 @@ def _field_help(cls) -> dict:
     return helps
 
 
+def add_flags(parser: argparse.ArgumentParser, **defaults):
+    """Add train.py's flags (TrainConfig and model.Config fields) to an experiment's parser with the
+    experiment's own defaults and train.py's help text: one name and one meaning per knob across scripts."""
+    helps = {**_field_help(TrainConfig), **_field_help(Config)}
+    for key, default in defaults.items():
+        parser.add_argument(f"--{key}", type=type(default), default=default, help=helps[key].replace("%", "%%"))
+
+
 def _parse_value(name: str, kind, value):
     """A flag's value (text from the command line, or a Python value) as its field's type."""
     if isinstance(value, str) and kind is not str:
@@ -181,11 +190,14 @@ def make_config(overrides: dict, cuda: bool) -> TrainConfig:
     return cfg
 
 
+def need(ok: bool, message: str):
+    """Stop with a one-line error unless ok."""
+    if not ok:
+        raise SystemExit(f"error: {message}")
+
+
 def check_config(cfg: TrainConfig):
     """Values of the right type but out of range stop here, with the flag's name, before any work."""
-    def need(ok: bool, message: str):
-        if not ok:
-            raise SystemExit(f"error: {message}")
     need(cfg.optimizer in ("adamw", "muon", "muonclip"), f"--optimizer={cfg.optimizer}: use adamw | muon | muonclip")
     need(cfg.schedule in ("cosine", "wsd"), f"--schedule={cfg.schedule}: use cosine | wsd")
     need(cfg.device in ("auto", "cuda", "cpu"), f"--device={cfg.device}: use auto | cuda | cpu")
@@ -204,13 +216,14 @@ def check_config(cfg: TrainConfig):
     need(0 <= cfg.vision_ratio <= 1 and 0 <= cfg.vision_start <= 1, "--vision_ratio and --vision_start are fractions in [0, 1]")
     need(cfg.model.rope_theta > 0 and cfg.model.norm_eps > 0, "--rope_theta and --norm_eps must be positive")
     if cfg.vision_ratio > 0:
+        import image_tasks
         import vision
         need(cfg.model.vocab_size > vision.IMAGE_PAD, f"--vocab_size={cfg.model.vocab_size}: image rows use token ids "
              f"up to {vision.IMAGE_PAD} (GPT-2's vocabulary and three image tokens)")
         names = vision_task_names(cfg)
-        bad = sorted(set(names) - set(vision.TASKS))
+        bad = sorted(set(names) - set(image_tasks.TASKS))
         need(not bad and bool(names), f"--vision_tasks={cfg.vision_tasks}: unknown {bad}; use all or a comma list of "
-             f"{', '.join(vision.TASKS)}")
+             f"{', '.join(image_tasks.TASKS)}")
         need(round(cfg.vision_ratio * cfg.batch_size) >= 1, f"--vision_ratio={cfg.vision_ratio} of --batch_size="
              f"{cfg.batch_size} rows rounds to no image row; raise one of them (or set --vision_ratio=0)")
 
@@ -233,9 +246,9 @@ def config_for_resume(saved: dict, overrides: dict, run_dir: str) -> TrainConfig
 
 
 def vision_task_names(cfg: TrainConfig) -> tuple:
-    import vision
+    import image_tasks
     if cfg.vision_tasks == "all":
-        return vision.TASKS
+        return image_tasks.TASKS
     return tuple(t.strip() for t in cfg.vision_tasks.split(",") if t.strip())
 
 
@@ -453,9 +466,11 @@ def build_optimizer(model: GPT, cfg: TrainConfig):
 
 
 @torch.no_grad()
-def evaluate(model: GPT, cfg: TrainConfig, splits: dict, device: str, autocast, vision_tasks=None) -> dict:
+def evaluate(model: GPT, cfg: TrainConfig, splits: dict, device: str, autocast, vision_tasks=None,
+             blind: float | None = None) -> dict:
     """Text loss on the same eval_iters batches of each split every time, and, in a vision run,
-    exact-match accuracy on the first vision_eval_n held-out image questions and on their text twins."""
+    exact-match accuracy on the first vision_eval_n held-out image questions and on their text twins
+    (with their number and the best image-blind accuracy, `blind`, beside them)."""
     was_training = model.training
     model.eval()
     out, T = {}, cfg.model.block_size
@@ -470,6 +485,7 @@ def evaluate(model: GPT, cfg: TrainConfig, splits: dict, device: str, autocast, 
     if vision_tasks is not None:
         with autocast:
             out.update(vision_tasks.report(model, "val", n=cfg.vision_eval_n))
+        out.update(vision_n=cfg.vision_eval_n, vision_blind=blind)
     model.train(was_training)
     return out
 
@@ -603,8 +619,8 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world
     if ddp:
         run.model = torch.nn.parallel.DistributedDataParallel(run.model, device_ids=[int(device.split(":")[1])] if is_cuda else None)
     if cfg.vision_ratio > 0:
-        import vision
-        run.vision_tasks = vision.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
+        import image_tasks
+        run.vision_tasks = image_tasks.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
                                               patch=cfg.model.vision_patch_size, tasks=vision_task_names(cfg))
         try:  # fail at the boundary, not at the first vision step
             run.vision_tasks.batch("train", 1, T, 0)
@@ -655,28 +671,89 @@ def train_step(run: Run, step: int) -> tuple[torch.Tensor, int]:
     return loss_sum, flops
 
 
+class Progress:
+    """Rank 0's bookkeeping between progress lines: the throughput window (steps, tokens and this process's
+    FLOPs since the last line, timed without evaluations and checkpoint writes), QK-Clip's per-module peak
+    max logit and clipped-head count, and the JSONL log."""
+
+    def __init__(self, run: Run, stop: int, tokens_per_step: int, peak: float | None, t_start: float):
+        self.run, self.stop, self.tokens_per_step, self.peak, self.t_start = run, stop, tokens_per_step, peak, t_start
+        self.t_loop, self.train_time = time.time(), 0.0
+        self.logit_peak = self.clipped = self.stats = None
+        self.log_file = open(os.path.join(run.cfg.out_dir, "log.jsonl"), "a")
+        self.new_window()
+
+    def new_window(self):
+        self.t0, self.busy, self.steps, self.tokens, self.flops = time.time(), 0.0, 0, 0, 0
+
+    def add_step(self, flops: int, stats: dict | None):
+        """One more optimizer step: this process's FLOPs, and the optimizer's last_clip_stats (or None)."""
+        self.steps, self.tokens, self.flops = self.steps + 1, self.tokens + self.tokens_per_step, self.flops + flops
+        self.stats = stats
+        if stats:  # QK-Clip acts every step: keep each module's peak and clipped-head count between lines
+            self.logit_peak = [max(a, b) for a, b in zip(self.logit_peak or stats["max_logit"], stats["max_logit"])]
+            self.clipped = [a + b for a, b in zip(self.clipped or [0] * len(stats["clipped_heads"]),
+                                                  stats["clipped_heads"])]
+
+    @contextlib.contextmanager
+    def paused(self):
+        """A checkpoint write between progress lines is not training time."""
+        self.busy += time.time() - self.t0
+        yield
+        self.t0 = time.time()
+
+    def line(self, step: int, batch_loss: float, lr: float) -> dict:
+        """The log record of this step (throughput over the window, the last step's max logits), printed."""
+        now = time.time()
+        dt = self.busy + now - self.t0                      # training seconds of this window's steps
+        self.train_time += dt
+        rec = {"step": step, "batch_loss": batch_loss, "lr": lr, "tokens": step * self.tokens_per_step,
+               "tokens_per_s": self.tokens / max(dt, 1e-9), "window_steps": self.steps,
+               "mfu": self.flops / max(dt, 1e-9) / self.peak if self.peak else None, "elapsed_s": now - self.t_start}
+        if self.stats:  # this step's per-module max logits, plus the peak and clip count since the last line
+            rec.update({"attn_layers": self.stats["layers"], "max_logit": self.stats["max_logit"],
+                        "clipped_heads": self.stats["clipped_heads"], "max_logit_peak": self.logit_peak,
+                        "clipped_heads_since_last": self.clipped})
+            self.logit_peak = self.clipped = None
+        print_progress(rec, self.stop, (now - self.t_loop) / (step - self.run.start_step) * (self.stop - step))
+        return rec
+
+    def write(self, rec: dict):
+        self.run.history.append(rec)
+        self.log_file.write(json.dumps(rec) + "\n")
+        self.log_file.flush()
+
+    def close(self) -> float:
+        """Close the log; return the training seconds of all the logged windows."""
+        self.log_file.close()
+        return self.train_time
+
+    def bar(self, step: int):
+        """Between progress lines on a terminal, a bar that the next line overwrites."""
+        if sys.stdout.isatty():
+            filled = int(30 * step / self.stop)
+            print(f"\r[{'#' * filled}{'.' * (30 - filled)}] step {step}/{self.stop}", end="", flush=True)
+
+
 def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world: int, ddp: bool) -> dict:
+    # ---- setup: data, model, optimizer, image tasks (restored from ckpt when resuming), the header
     t_start = time.time()
     run = setup_run(cfg, ckpt, device, rank, world, ddp)
-    master, stop, T = run.master, cfg.stop_iter or cfg.max_iters, cfg.model.block_size
-    tokens_per_step = cfg.batch_size * T * cfg.grad_accum
+    stop, ckpt_path = cfg.stop_iter or cfg.max_iters, os.path.join(cfg.out_dir, "ckpt.pt")
+    tokens_per_step = cfg.batch_size * cfg.model.block_size * cfg.grad_accum
     peak, peak_note = peak_flops(device, cfg.peak_tflops)
-    ckpt_path, log_path = os.path.join(cfg.out_dir, "ckpt.pt"), os.path.join(cfg.out_dir, "log.jsonl")
-    if master:
+    progress = None
+    if run.master:
         mark_latest(cfg.out_dir)
         print(describe_run(run, tokens_per_step, peak_note))
         print(f"setup    {time.time() - t_start:.1f} s; writing {cfg.out_dir}/"
               + (f" (resumed at step {run.start_step})" if cfg.resume else ""), flush=True)
-    log_file = open(log_path, "a") if master else None
-    step, last_eval, last_ckpt = run.start_step, {}, run.start_step if cfg.resume else None
-    logit_peak = clipped = None             # per attention module, since the last log line
-    # throughput window: steps, tokens and this process's FLOPs since the last log line; eval and
-    # checkpoint writes are taken out of its clock, so they never count as training time
-    window = dict(t0=time.time(), busy=0.0, steps=0, tokens=0, flops=0)
-    t_loop, train_time, interrupted = time.time(), 0.0, False
+        progress = Progress(run, stop, tokens_per_step, peak, t_start)
+    step, last_eval, last_ckpt, interrupted = run.start_step, {}, run.start_step if cfg.resume else None, False
     run.model.train()
     with StopOnCtrlC() as ctrl_c:
-        while step < stop:
+        while step < stop and not interrupted:
+            # ---- one optimizer step: the scheduled lr, grad_accum micro-batches, the mean loss over processes
             lr = lr_at(step, cfg)
             for group in run.optimizer.param_groups:
                 group["lr"] = lr
@@ -692,55 +769,33 @@ def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, wo
                 raise TrainingDiverged(f"loss is {batch_loss} at step {step}; stopping ({kept})")
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip)
-            run.optimizer.step()
+            run.optimizer.step()                   # MuonClip: Muon/AdamW updates, then QK-Clip
             run.optimizer.zero_grad(set_to_none=True)
             step += 1
-            window.update(steps=window["steps"] + 1, tokens=window["tokens"] + tokens_per_step,
-                          flops=window["flops"] + step_flops)
-            stats = getattr(run.optimizer, "last_clip_stats", None)
-            if stats:  # QK-Clip acts every step: keep each module's peak and clipped-head count between log lines
-                logit_peak = [max(a, b) for a, b in zip(logit_peak or stats["max_logit"], stats["max_logit"])]
-                clipped = [a + b for a, b in zip(clipped or [0] * len(stats["clipped_heads"]), stats["clipped_heads"])]
+            if not run.master:
+                continue
+            # ---- rank 0: the progress line and log record, an evaluation, a checkpoint
+            progress.add_step(step_flops, getattr(run.optimizer, "last_clip_stats", None))
             is_log = step % cfg.log_interval == 0 or step % cfg.eval_interval == 0 or step == stop or interrupted
-            if master and is_log:
-                now = time.time()
-                dt = window["busy"] + now - window["t0"]      # training seconds of this window's steps
-                train_time += dt
-                rec = {"step": step, "batch_loss": batch_loss, "lr": lr, "tokens": step * tokens_per_step,
-                       "tokens_per_s": window["tokens"] / max(dt, 1e-9), "window_steps": window["steps"],
-                       "mfu": window["flops"] / max(dt, 1e-9) / peak if peak else None, "elapsed_s": now - t_start}
-                if stats:  # this step's per-module max logits, plus the peak and clip count since the last line
-                    rec.update({"attn_layers": stats["layers"], "max_logit": stats["max_logit"],
-                                "clipped_heads": stats["clipped_heads"], "max_logit_peak": logit_peak,
-                                "clipped_heads_since_last": clipped})
-                    logit_peak = clipped = None
-                eta = (now - t_loop) / (step - run.start_step) * (stop - step)
-                print_progress(rec, stop, eta)
+            if is_log:
+                rec = progress.line(step, batch_loss, lr)
                 if step % cfg.eval_interval == 0 or step == stop:
                     t_eval = time.time()
                     last_eval = evaluate(run.raw_model, cfg, {"train": run.train_tokens, "val": run.val_tokens},
-                                         device, run.autocast, run.vision_tasks)
-                    if run.vision_tasks is not None:
-                        last_eval.update(vision_n=cfg.vision_eval_n, vision_blind=run.blind)
+                                         device, run.autocast, run.vision_tasks, run.blind)
                     rec.update(last_eval)
                     print_eval(last_eval, step, stop, time.time() - t_eval)
-                run.history.append(rec)
-                log_file.write(json.dumps(rec) + "\n")
-                log_file.flush()
-            if master and (step % cfg.ckpt_interval == 0 or step == stop or interrupted):
-                window["busy"] += time.time() - window["t0"]  # a write between log lines is not training time
-                save_checkpoint(ckpt_path, checkpoint_state(cfg, run.raw_model, run.optimizer, step, run.data_gen))
-                last_ckpt, window["t0"] = step, time.time()
-            if master and is_log:
-                window = dict(t0=time.time(), busy=0.0, steps=0, tokens=0, flops=0)
-            elif master and sys.stdout.isatty():   # between log lines, a bar that the next line overwrites
-                filled = int(30 * step / stop)
-                print(f"\r[{'#' * filled}{'.' * (30 - filled)}] step {step}/{stop}", end="", flush=True)
-            if interrupted:
-                break
-    if master:
-        log_file.close()
-    return finish_run(run, step, last_eval, interrupted, time.time() - t_start, train_time)
+                progress.write(rec)
+            if step % cfg.ckpt_interval == 0 or step == stop or interrupted:
+                with progress.paused():
+                    save_checkpoint(ckpt_path, checkpoint_state(cfg, run.raw_model, run.optimizer, step, run.data_gen))
+                last_ckpt = step
+            if is_log:
+                progress.new_window()
+            else:
+                progress.bar(step)
+    train_s = progress.close() if progress else 0.0
+    return finish_run(run, step, last_eval, interrupted, time.time() - t_start, train_s)
 
 
 def finish_run(run: Run, step: int, last_eval: dict, interrupted: bool, wall_s: float, train_s: float) -> dict:

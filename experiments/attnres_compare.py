@@ -30,7 +30,6 @@ sys.path.insert(0, ROOT)
 
 import torch  # noqa: E402
 
-import attnres  # noqa: E402
 import data  # noqa: E402
 import model  # noqa: E402
 import train  # noqa: E402
@@ -39,15 +38,8 @@ import train  # noqa: E402
 def parse_args():
     p = argparse.ArgumentParser(description="standard vs block vs full AttnRes", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--steps", type=int, default=150, help="training steps per variant")
-    p.add_argument("--n_layer", type=int, default=4)
-    p.add_argument("--n_embd", type=int, default=64)
-    p.add_argument("--n_head", type=int, default=4)
-    p.add_argument("--block_size", type=int, default=64, help="context length in tokens")
-    p.add_argument("--batch_size", type=int, default=8)
-    p.add_argument("--attnres_block_size", type=int, default=2, help="sublayers per AttnRes block")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--eval_iters", type=int, default=8)
-    p.add_argument("--pattern", default="A")
+    train.add_flags(p, n_layer=4, n_embd=64, n_head=4, block_size=64, batch_size=8, attnres_block_size=2, lr=3e-3,
+                    eval_iters=8, pattern="A")
     p.add_argument("--timing_reps", type=int, default=5)
     p.add_argument("--optimizer", default="muonclip", help="muonclip | muon | adamw (train.py's choices)")
     p.add_argument("--seed", type=int, default=1337, help="one seed for all three variants")
@@ -92,6 +84,37 @@ def depth_weights(out_dir: str, batch_size: int, device: str):
     x, _ = data.get_batch(val, offsets, cfg.block_size)
     _, _, weights = net(x.to(device), return_weights=True)
     return [w.cpu() for w in weights], cfg
+
+
+def plot_depth_attention(weights, path, title="AttnRes depth attention (token average)", sublayer_names=None):
+    """weights: the list from stream(..., return_weights=True) (row l = sublayer l, last row = final read;
+    column i = source i: the embedding, then sublayer outputs or block sums). Writes a PNG; returns path."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rows = [w.detach().float().cpu().numpy() for w in weights]
+    n_cols = max(len(r) for r in rows)
+    grid = np.full((len(rows), n_cols), np.nan)                              # [sublayers + 1, sources]
+    for l, r in enumerate(rows):
+        grid[l, :len(r)] = r
+    names = list(sublayer_names or [str(l) for l in range(len(rows) - 1)]) + ["out"]
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.5 + 0.4 * n_cols), max(3.5, 1.2 + 0.3 * len(rows))))
+    im = ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_xticks(range(n_cols))
+    ax.set_xticklabels(["emb"] + [str(i) for i in range(1, n_cols)], fontsize=7)
+    ax.set_yticks(range(len(rows)))
+    ax.set_yticklabels(names, fontsize=7)
+    ax.set_xlabel("source (0 = embedding)")
+    ax.set_ylabel("reading sublayer")
+    ax.set_title(title, fontsize=9)
+    fig.colorbar(im, ax=ax, fraction=0.05)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
 
 
 def plot_curves(results: dict, path: str):
@@ -140,7 +163,7 @@ def main():
         names = [f"{l // 2}{'.mix' if l % 2 == 0 else '.mlp'}" for l in range(2 * cfg.n_layer)]
         kind = (f"Block AttnRes (block size {cfg.attnres_block_size}; columns = block sums)"
                 if name == "attnres_block" else "Full AttnRes (columns = sublayer outputs)")
-        heatmaps[name] = attnres.plot_depth_attention(
+        heatmaps[name] = plot_depth_attention(
             weights, os.path.join(args.out_dir, f"heatmap_{name}.png"),
             title=f"{kind}\nafter {args.steps} steps, val text average", sublayer_names=names)
     plot_curves(results, os.path.join(args.out_dir, "loss.png"))

@@ -17,7 +17,9 @@ Three questions, one tiny model.GPT with the vision.py encoder, one optimizer, o
 Image-text rows replace the first rows of a text batch (as train.py does), so the text tokens per
 step drop while vision is on; the loss is on answer tokens in image-text rows and on every token in
 text rows. The loop is written out here rather than calling train.train() because experiments 2 and
-3 fine-tune on data train.py does not serve (vision-only, twins-only) and all three share weights.
+3 fine-tune on data train.py does not serve (vision-only, twins-only) and all three share weights; its
+optimizer and learning-rate schedule are train.py's (build_optimizer, lr_at: warmup over the first 5%,
+then cosine to 10% of the peak, no weight decay).
 
     python experiments/fusion_timing.py                      # CPU default: 7 min on 2 cores
     python experiments/fusion_timing.py --steps=3000 --n_embd=256 --n_layer=4 --block_size=128
@@ -27,7 +29,6 @@ Writes out/fusion_timing/{fusion_timing.png, results.md, results.json}.
 import argparse
 import copy
 import json
-import math
 import os
 import sys
 import time
@@ -37,9 +38,9 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
-import vision  # noqa: E402
+import image_tasks  # noqa: E402
+import train  # noqa: E402
 from model import GPT, Config  # noqa: E402
-from muonclip import MuonClip  # noqa: E402
 
 ARMS = (("early", 0.1, 0.0), ("mid", 0.2, 0.5), ("late", 0.5, 0.8))   # (name, vision ratio, start fraction)
 
@@ -50,16 +51,12 @@ def parse():
     p.add_argument("--ft_steps", type=int, default=100, help="steps of each fine-tune (experiments 2 and 3)")
     p.add_argument("--batch_size", type=int, default=10, help="rows per step; 10 makes 10/20/50%% whole rows")
     p.add_argument("--block_size", type=int, default=80, help=">= 72: the longest text twin")
-    p.add_argument("--n_layer", type=int, default=2)
-    p.add_argument("--n_head", type=int, default=2)
-    p.add_argument("--n_embd", type=int, default=48)
+    train.add_flags(p, n_layer=2, n_head=2, n_embd=48, vision_n_embd=32, vision_n_layer=1)
     p.add_argument("--vision_patch_size", type=int, default=8, help="8: a 32 x 32 image is 4 LM tokens")
-    p.add_argument("--vision_n_embd", type=int, default=32)
-    p.add_argument("--vision_n_layer", type=int, default=1)
     p.add_argument("--optimizer", default="muonclip", choices=("muonclip", "adamw"),
                    help="muonclip (tau 100, the project default) or adamw")
     p.add_argument("--tasks", default="color_one,side_one",
-                   help="comma-separated vision.TASKS to mix; the two one-shape tasks are what a 2-layer model "
+                   help="comma-separated image_tasks.TASKS to mix; the two one-shape tasks are what a 2-layer model "
                         "learns in 300 CPU steps (with all eight it stays at chance)")
     p.add_argument("--lr", type=float, default=1e-2)
     p.add_argument("--ft_lr", type=float, default=5e-3)
@@ -73,7 +70,7 @@ def parse():
 
 
 class Stream:
-    """Text rows from the corpus and image-text (or twin) rows from vision.VisionTasks, mixed per step."""
+    """Text rows from the corpus and image-text (or twin) rows from image_tasks.VisionTasks, mixed per step."""
 
     def __init__(self, args, tasks):
         folder = data.prepare(args.data)
@@ -94,7 +91,7 @@ class Stream:
             parts.append(self.tasks.batch("train", n_vision, self.T, rng, text_twin=twin))
         if batch_size > n_vision:
             parts.append(self.text(batch_size - n_vision, gen))
-        return vision.concat_batches(parts)
+        return image_tasks.concat_batches(parts)
 
 
 @torch.no_grad()
@@ -105,19 +102,11 @@ def text_val_loss(model, stream):
     return float(np.mean(losses))
 
 
-def lr_at(step, steps, lr):
-    warm = max(1, steps // 20)
-    if step < warm:
-        return lr * (step + 1) / warm
-    return lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, steps - warm))))
-
-
 def run(model, stream, steps, lr, batch_size, plan, seed, log_every=0, label="", optimizer="muonclip"):
     """Train `steps` steps; plan(step) -> (n_vision rows, twin?). Returns the text-val-loss curve."""
-    if optimizer == "muonclip":
-        opt = MuonClip.from_model(model, lr=lr, weight_decay=0.0, qk_clip_tau=100.0)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    schedule = train.TrainConfig(optimizer=optimizer, lr=lr, weight_decay=0.0, qk_clip_tau=100.0, schedule="cosine",
+                                 warmup_iters=max(1, steps // 20), max_iters=steps, min_lr_ratio=0.1)
+    opt = train.build_optimizer(model, schedule)
     gen, rng = torch.Generator().manual_seed(seed), np.random.default_rng(seed)
     curve = []
     t0 = time.time()
@@ -125,7 +114,7 @@ def run(model, stream, steps, lr, batch_size, plan, seed, log_every=0, label="",
         if log_every and step % log_every == 0:
             curve.append((step, text_val_loss(model, stream)))
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, steps, lr)
+            g["lr"] = train.lr_at(step, schedule)
         n_vision, twin = plan(step)
         idx, targets, images = stream.mixed(batch_size, n_vision, gen, rng, twin)
         _, loss = model(idx, targets, images=images)
@@ -150,7 +139,7 @@ def main():
         torch.set_num_threads(args.threads)
     os.makedirs(args.out_dir, exist_ok=True)
     t_start = time.time()
-    tasks = vision.VisionTasks(seed=args.seed, encoding=data.get_tokenizer(), patch=args.vision_patch_size,
+    tasks = image_tasks.VisionTasks(seed=args.seed, encoding=data.get_tokenizer(), patch=args.vision_patch_size,
                                tasks=tuple(args.tasks.split(",")))
     stream = Stream(args, tasks)
     cfg = Config(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a GPU machine: the GPU-only tests, the end-to-end test in bf16, every concept's --bench,
+# One command for a GPU machine: the GPU-only tests, the end-to-end test in bf16, every benchmark (bench.py),
 # and a short training run,
 # written to one markdown report. Budget: under 8 minutes on one H100/H200.
 #
@@ -54,10 +54,11 @@ section "GPU tests (pytest -m gpu)" 90 python -m pytest -q -m gpu tests/
 # tolerances); most of its limit is first-run JIT: ~1 s per kernel configuration, and the Newton-Schulz
 # autotuner compiles its configs for each distinct matrix shape of the tiny model
 section "End to end: Triton vs reference, bf16 (tests/test_e2e.py)" 80 python -m pytest -q -s tests/test_e2e.py
-section "python muonclip.py --bench" 45 python muonclip.py --bench
-section "python kda.py --bench" 60 python kda.py --bench
-section "python attnres.py --bench" 40 python attnres.py --bench
-section "python swarm.py --bench" 10 python swarm.py --bench
+# every benchmark (bench.py, one section per op; `python <op>.py --bench` is the same command)
+section "python bench.py muonclip" 45 python bench.py muonclip
+section "python bench.py kda" 60 python bench.py kda
+section "python bench.py attnres" 40 python bench.py attnres
+section "python bench.py swarm" 10 python bench.py swarm
 # the main job as a user runs it: the default GPU config (KKKA + block AttnRes + image rows + MuonClip)
 section "Training run: python train.py (the default GPU config)" 150 python train.py --out_dir=out/gpu_run
 section "Default run: text val loss still falling at the end (<= 5 epochs, no overfitting)" 5 \

@@ -306,8 +306,9 @@ def test_stream_keeps_embedding_dtype_for_lower_precision_sublayers():
 
 
 def test_plot_depth_attention_writes_png(tmp_path):
+    from experiments.attnres_compare import plot_depth_attention   # the paper's Fig. 8, drawn by the experiment
     weights = [torch.tensor([1.0]), torch.tensor([0.3, 0.7]), torch.tensor([0.2, 0.3, 0.5])]
-    path = attnres.plot_depth_attention(weights, str(tmp_path / "sub" / "map.png"))
+    path = plot_depth_attention(weights, str(tmp_path / "sub" / "map.png"))
     with open(path, "rb") as fh:
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 

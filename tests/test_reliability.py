@@ -233,8 +233,8 @@ def test_every_command_line_in_the_readme_parses():
             train.make_config(overrides, cuda=False)
 
 
-SCRIPTS = ["train.py", "vision.py", "model.py", "data.py", "kda.py", "attnres.py", "muonclip.py", "swarm.py",
-           "tests/summarize_run.py"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "experiments", "*.py")))
+SCRIPTS = ["train.py", "vision.py", "image_tasks.py", "model.py", "data.py", "kda.py", "attnres.py", "muonclip.py",
+           "swarm.py", "bench.py", "tests/summarize_run.py"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "experiments", "*.py")))
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -99,8 +99,8 @@ def test_max_logit_is_recorded_per_head():
     x = m.blocks[0].norm1(m.wte(idx))
     q = attn.q_proj(x).view(2, 9, 4, 16).transpose(1, 2)
     k = attn.k_proj(x).view(2, 9, 4, 16).transpose(1, 2)
-    from model import apply_rope
-    q, k = apply_rope(q, 0, 1e4), apply_rope(k, 0, 1e4)
+    from model import apply_rope_at
+    q, k = apply_rope_at(q, torch.arange(9), 1e4), apply_rope_at(k, torch.arange(9), 1e4)
     logits = (q @ k.transpose(-1, -2)) / 4.0
     logits = logits.masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril(), -1e9)
     torch.testing.assert_close(attn.max_logit, logits.amax(dim=(0, 2, 3)), atol=1e-5, rtol=1e-5)
@@ -364,8 +364,8 @@ def test_tokens_per_second_covers_its_window_and_excludes_eval_and_checkpoints(c
 
 
 def test_vision_rows_differ_per_micro_batch_and_repeat_for_the_same_seed():
-    import vision
-    tasks = vision.VisionTasks(seed=0, encoding=data.get_tokenizer(), patch=8, tasks=("color_one", "side_one"))
+    import image_tasks
+    tasks = image_tasks.VisionTasks(seed=0, encoding=data.get_tokenizer(), patch=8, tasks=("color_one", "side_one"))
     tokens = np.arange(5000, dtype=np.uint16) % 50000
     offsets = torch.arange(8) * 100
     rows = [train.micro_batch(tokens, offsets, j, 4, 64, tasks, 2, 7) for j in range(2)]

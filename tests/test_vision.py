@@ -1,4 +1,4 @@
-"""Tests for vision.py: procedural data, patches and 2-D positions, the fusion hook, loss masks,
+"""Tests for vision.py and image_tasks.py: procedural data, patches and 2-D positions, the fusion hook, loss masks,
 mixed batches, evaluation, and a tiny model.GPT that learns to answer visual questions."""
 import re
 
@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 
+import image_tasks
 import vision
 from vision import IMAGE_END, IMAGE_PAD, IMAGE_START, EOT
 
@@ -14,19 +15,19 @@ PALETTE = {"red": (1.0, 0.15, 0.15), "green": (0.15, 0.85, 0.2), "blue": (0.2, 0
 
 @pytest.fixture(scope="module")
 def tasks():
-    return vision.VisionTasks(seed=0)
+    return image_tasks.VisionTasks(seed=0)
 
 
 # ----------------------------------------------------------------------------- data
 
 def test_generator_is_deterministic():
     for i in range(12):
-        a, b = vision.make_example(0, "train", i), vision.make_example(0, "train", i)
+        a, b = image_tasks.make_example(0, "train", i), image_tasks.make_example(0, "train", i)
         assert a["question"] == b["question"] and a["answer"] == b["answer"] and a["key"] == b["key"]
         assert np.array_equal(a["image"], b["image"])
-    other = [vision.make_example(1, "train", i)["key"] for i in range(12)]
-    assert other != [vision.make_example(0, "train", i)["key"] for i in range(12)], "the seed changes nothing"
-    r1, r2 = vision.VisionTasks(seed=0).batch("train", 3, 96, 7), vision.VisionTasks(seed=0).batch("train", 3, 96, 7)
+    other = [image_tasks.make_example(1, "train", i)["key"] for i in range(12)]
+    assert other != [image_tasks.make_example(0, "train", i)["key"] for i in range(12)], "the seed changes nothing"
+    r1, r2 = image_tasks.VisionTasks(seed=0).batch("train", 3, 96, 7), image_tasks.VisionTasks(seed=0).batch("train", 3, 96, 7)
     assert torch.equal(r1[0], r2[0]) and torch.equal(r1[1], r2[1])
     assert all(torch.equal(x, y) for a, b in zip(r1[2], r2[2]) for x, y in zip(a, b))
 
@@ -88,7 +89,7 @@ def _read_number(image):
         crop = ink[:, x0: x1 + 1]
         rows = np.nonzero(crop.max(axis=1) > 0)[0]
         crop = crop[rows[0]: rows[-1] + 1]
-        best = min((np.abs(g - crop).sum() if g.shape == crop.shape else np.inf, d) for d, g in vision.digit_glyphs().items())
+        best = min((np.abs(g - crop).sum() if g.shape == crop.shape else np.inf, d) for d, g in image_tasks.digit_glyphs().items())
         assert best[0] < 1e-4, "an ink segment matches no glyph"
         digits.append(best[1])
     return " ".join(digits)
@@ -124,14 +125,14 @@ def test_answers_rederived_from_pixels():
     seen_tasks = set()
     for split in ("train", "val"):
         for i in range(80):
-            ex = vision.make_example(3, split, i)
+            ex = image_tasks.make_example(3, split, i)
             seen_tasks.add(ex["task"])
             objs = _objects_from_pixels(ex["image"]) if ex["task"] != "ocr" else []
             if ex["task"] != "ocr":
                 assert len(objs) == len(ex["scene"]["objects"])
             assert _solve(ex["question"], objs, ex["image"]) == ex["answer"], (ex["task"], ex["question"])
-    assert seen_tasks == set(vision.TASKS)
-    sizes = {vision.make_example(3, "train", i)["image"].shape[1:] for i in range(60)}
+    assert seen_tasks == set(image_tasks.TASKS)
+    sizes = {image_tasks.make_example(3, "train", i)["image"].shape[1:] for i in range(60)}
     assert len(sizes) >= 4, "images should come in several sizes"
 
 
@@ -152,10 +153,10 @@ def test_text_twin_states_the_same_scene(tasks):
 
 
 def test_splits_are_disjoint():
-    train = {vision.make_example(0, "train", i)["key"] for i in range(400)}
-    val = {vision.make_example(0, "val", i)["key"] for i in range(400)}
+    train = {image_tasks.make_example(0, "train", i)["key"] for i in range(400)}
+    val = {image_tasks.make_example(0, "val", i)["key"] for i in range(400)}
     assert not train & val
-    assert all(vision.split_of(k) == "train" for k in train) and all(vision.split_of(k) == "val" for k in val)
+    assert all(image_tasks.split_of(k) == "train" for k in train) and all(image_tasks.split_of(k) == "val" for k in val)
     assert len(val) > 300, "val examples should be mostly distinct"
 
 
@@ -295,7 +296,7 @@ def test_mixed_batch_through_gpt(tasks):
     text_idx = torch.randint(0, 50257, (2, 96))
     text = (text_idx, torch.roll(text_idx, -1, 1), None)
     vis = tasks.batch("train", 2, 96, 1)
-    idx, targets, images = vision.concat_batches([text, vis])
+    idx, targets, images = image_tasks.concat_batches([text, vis])
     assert idx.shape == (4, 96) and images[:2] == [[], []] and len(images[2]) > 0
     logits, loss = gpt(idx, targets, images=images)
     assert torch.isfinite(loss)
@@ -338,7 +339,7 @@ def test_tiny_gpt_learns_a_visual_task():
     from collections import Counter
     from muonclip import MuonClip
     torch.manual_seed(0)
-    tasks = vision.VisionTasks(seed=0, tasks=("color_one",), patch=8)
+    tasks = image_tasks.VisionTasks(seed=0, tasks=("color_one",), patch=8)
     gpt = _tiny_gpt(patch=8)
     opt = MuonClip.from_model(gpt, lr=1e-2, weight_decay=0.0, qk_clip_tau=10.0)
     rng = np.random.default_rng(0)
