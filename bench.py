@@ -32,6 +32,15 @@ CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 PEAK_TFLOPS_FLAG = 0.0   # --peak_tflops: the device's peak when train.PEAK_TFLOPS does not know it
 
+# The CUDA shapes (tests/compile_check.py compiles every kernel launch these make, for sm_90 and sm_80)
+KDA_CUDA = dict(H=16, K=128, tokens=32768, lengths=[512, 1024, 2048, 4096, 8192, 16384, 32768])
+ATTNRES_CUDA = [(4, 768, 8192), (8, 1024, 16384), (8, 2048, 16384), (16, 2048, 8192), (8, 4096, 32768),
+                (16, 4096, 32768)]                                            # (N sources, D, tokens)
+NS_CUDA = [(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (1024, 4096), (4096, 1024), (2048, 8192),
+           (8 * 768, 768)]
+MAX_LOGIT_CUDA = [(8, 12, 12, 1024, 64), (4, 16, 4, 2048, 128), (1, 16, 16, 8192, 64)]   # B, H, Hkv, T, Dh
+OPTIMIZER_STAND_IN_CUDA = (768, 12, 16 * 1024)                               # width, blocks, tokens
+
 
 # -----------------------------------------------------------------------------------------------------
 # The shared helper: time, peak memory, and the table cells
@@ -114,8 +123,8 @@ def bench_kda():
     from kda import kda_chunk_ref, kda_flops_per_token, kda_recurrent_ref
     peak, _ = device_line("KDA: chunked Triton kernel vs references vs SDPA flash attention")
     if CUDA:
-        dtype, H, K, tokens = torch.bfloat16, 16, 128, 32768
-        lengths = [512, 1024, 2048, 4096, 8192, 16384, 32768]
+        dtype = torch.bfloat16
+        H, K, tokens, lengths = (KDA_CUDA[key] for key in ("H", "K", "tokens", "lengths"))
         recurrent_max_T = 2048      # a Python loop over tokens, ~10 kernel launches each, a state per token
     else:
         dtype, H, K, tokens = torch.float32, 2, 32, 1024
@@ -186,8 +195,7 @@ def bench_attnres():
     from attnres import _attnres_math, attnres
     _, name = device_line("AttnRes: eager vs torch.compile vs the fused Triton op")
     dtype = torch.bfloat16 if CUDA else torch.float32
-    shapes = ([(4, 768, 8192), (8, 1024, 16384), (8, 2048, 16384), (16, 2048, 8192), (8, 4096, 32768),
-               (16, 4096, 32768)] if CUDA else [(4, 256, 2048), (8, 512, 1024)])   # (N sources, D, tokens)
+    shapes = ATTNRES_CUDA if CUDA else [(4, 256, 2048), (8, 512, 1024)]   # (N sources, D, tokens)
     bandwidth = next((bw for key, bw in PEAK_GBS if key in name), None)
     eager = lambda q, v, g: _attnres_math(q, v, g, 1e-6)[0]  # noqa: E731
     impls = [("eager reference", eager), ("torch.compile reference", torch.compile(eager))]
@@ -225,8 +233,7 @@ def bench_muonclip():
     from muonclip import NS_COEFFS, NS_EPS, MuonClip, max_logit, max_logit_ref, newton_schulz, newton_schulz_ref
     peak, _ = device_line("MuonClip: Newton-Schulz, the max-logit kernel, the optimizer step")
     torch_ns = getattr(getattr(torch.optim, "_muon", None), "_zeropower_via_newtonschulz", None)
-    shapes = ([(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (1024, 4096), (4096, 1024),
-               (2048, 8192), (8 * 768, 768)] if CUDA else [(256, 256), (512, 512), (256, 1024), (1024, 256)])
+    shapes = NS_CUDA if CUDA else [(256, 256), (512, 512), (256, 1024), (1024, 256)]
     rows = []
     for r, c in shapes:
         G = torch.randn(r, c, device=DEVICE)
@@ -244,8 +251,7 @@ def bench_muonclip():
 
     dt = torch.bfloat16 if CUDA else torch.float32
     rows = []
-    for B, H, Hkv, T, Dh in [(8, 12, 12, 1024, 64), (4, 16, 4, 2048, 128), (1, 16, 16, 8192, 64)] if CUDA \
-            else [(2, 4, 4, 256, 32)]:
+    for B, H, Hkv, T, Dh in MAX_LOGIT_CUDA if CUDA else [(2, 4, 4, 256, 32)]:
         q, v = (torch.randn(B, H, T, Dh, device=DEVICE, dtype=dt) for _ in range(2))
         k = torch.randn(B, Hkv, T, Dh, device=DEVICE, dtype=dt)
         kk, scale = k.repeat_interleave(H // Hkv, dim=1), Dh ** -0.5
@@ -263,7 +269,7 @@ def _optimizer_step_share(MuonClip):
     """Optimizer step vs a training step, on a stand-in with GPT-2-small's matrices: 12 blocks of (q, k, v,
     o, fc 4x, proj) Linear layers in sequence, whose forward+backward costs ~6·N·tokens FLOPs like a
     transformer's matmuls (attention itself excluded)."""
-    d, n_layer, tokens = (768, 12, 16 * 1024) if CUDA else (128, 2, 1024)
+    d, n_layer, tokens = OPTIMIZER_STAND_IN_CUDA if CUDA else (128, 2, 1024)
     layers = []
     for _ in range(n_layer):
         layers += [nn.Linear(d, d, bias=False) for _ in range(4)]

@@ -127,11 +127,17 @@ def _out(x, ptr, PLAN: tl.constexpr):
 # forward kernels
 
 @triton.jit
-def _cumsum_fwd(g, gc, T, Tp, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+def _chunk_program(H: tl.constexpr, BT: tl.constexpr):
+    """The chunk and batch*head a chunk-parallel program works on: (t0, i_bh, i_b, i_h). The chunk's first
+    row t0 is int64: row * H * K passes 2^31 at T * H * K >= 2^31 (e.g. T = 512k at H * K = 4096)."""
     i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
-    # token rows in int64: row * H * K passes 2^31 at T * H * K >= 2^31 (e.g. T = 512k at H * K = 4096)
-    rows = i_t.to(tl.int64) * BT + tl.arange(0, BT)
+    return i_t.to(tl.int64) * BT, i_bh, i_bh // H, i_bh % H
+
+
+@triton.jit
+def _cumsum_fwd(g, gc, T, Tp, H: tl.constexpr, K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr):
+    t0, i_bh, i_b, i_h = _chunk_program(H, BT)
+    rows = t0 + tl.arange(0, BT)
     cols = tl.arange(0, BK)
     m = (rows[:, None] < T) & (cols[None, :] < K)
     x = tl.load(g + (i_b * T + rows[:, None]) * H * K + i_h * K + cols[None, :], mask=m, other=0.0)
@@ -145,10 +151,8 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
                BT: tl.constexpr, BC: tl.constexpr, BKD: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Aqk [BT, BT] (j <= i, scale included) and Akk [BT, BT] (j < i, without beta) of one chunk, one
     16-row block r at a time: its diagonal block exactly, all earlier columns with one tl.dot."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    t0, i_bh, i_b, i_h = _chunk_program(H, BT)
     NC: tl.constexpr = BT // BC
-    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_c = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     o_d = tl.arange(0, BKD)
@@ -208,10 +212,8 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
                   STORE_QG: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """X = (I + Diag(beta) Akk)^-1 of one chunk; W = X (beta k exp(G)), U = X (beta v); the decayed keys
     Kd = k exp(G_last - G) the state update needs, and (for the backward) Qg = scale q exp(G)."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    t0, i_bh, i_b, i_h = _chunk_program(H, BT)
     NC: tl.constexpr = BT // BC
-    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
     a_base = i_bh * Tp * BT
@@ -269,21 +271,29 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
 
 
 @triton.jit
+def _state_tile(ptr, K: tl.constexpr, V: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, LOAD: tl.constexpr):
+    """A state kernel program's [BK, BV] tile (V tile = program 0, batch*head = program 1) of the [K, V]
+    state: (i_bh, row and column indices, offsets, its float32 value read from ptr if LOAD, else zeros)."""
+    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    s_off = o_k[:, None] * V + o_v[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if LOAD:
+        S = tl.load(ptr + i_bh * K * V + s_off, mask=(o_k < K)[:, None] & (o_v < V)[None, :], other=0.0)
+        S = S.to(tl.float32)
+    return i_bh, o_k, o_v, s_off, S
+
+
+@triton.jit
 def _state_fwd(Kd, gc, W, U, h, vn, h0, ht, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Walk the chunks in order for one (batch*head, V tile): h[n] = state entering chunk n, Vn, final state."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
+    i_bh, o_k, o_v, s_off, S = _state_tile(h0, K, V, BK, BV, HAS_H0)
     o_t = tl.arange(0, BT)
-    mk = o_k < K
-    mv = o_v < V
+    mk, mv = o_k < K, o_v < V
     m_kv = mk[:, None] & mv[None, :]
-    s_off = o_k[:, None] * V + o_v[None, :]
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        S = tl.load(h0 + i_bh * K * V + s_off, mask=m_kv, other=0.0).to(tl.float32)
     for n in range(NT):
         tl.store(h + (i_bh * NT + n) * K * V + s_off, S, mask=m_kv)
         rows = n * BT + o_t
@@ -331,18 +341,11 @@ def _state_bwd(Qg, Kd, gc, W, Aqk, do, dh, dvn, dht, dh0, T, Tp, NT, H: tl.const
                V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                HAS_DHT: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Reverse sweep: dh[n] = dLoss/d(state leaving chunk n); dVn; dh0 = dLoss/d(initial state)."""
-    i_v, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_bh, o_k, o_v, s_off, dS = _state_tile(dht, K, V, BK, BV, HAS_DHT)
     i_b, i_h = i_bh // H, i_bh % H
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     o_t = tl.arange(0, BT)
-    mk = o_k < K
-    mv = o_v < V
+    mk, mv = o_k < K, o_v < V
     m_kv = mk[:, None] & mv[None, :]
-    s_off = o_k[:, None] * V + o_v[None, :]
-    dS = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        dS = tl.load(dht + i_bh * K * V + s_off, mask=m_kv, other=0.0).to(tl.float32)
     for i in range(NT):
         n = NT - 1 - i
         tl.store(dh + (i_bh * NT + n) * K * V + s_off, dS, mask=m_kv)
@@ -368,14 +371,13 @@ def _chunk_bwd(q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, d
                scale, T, Tp, NT, H: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
                BT: tl.constexpr, BKS: tl.constexpr, BV: tl.constexpr, PLAN: tl.constexpr, PREC: tl.constexpr):
     """Everything of one chunk's backward except the intra-chunk exp(G_i - G_j) kernels (see _intra_bwd)."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    t0, i_bh, i_b, i_h = _chunk_program(H, BT)
     o_t = tl.arange(0, BT)
-    rows = i_t.to(tl.int64) * BT + o_t
+    rows = t0 + o_t
     mt = rows < T
     b = tl.load(beta + (i_b * T + rows) * H + i_h, mask=mt, other=0.0).to(tl.float32)
     Xf = tl.load(X + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
-    h_base = (i_bh * NT + i_t) * K * V
+    h_base = (i_bh * NT + t0 // BT) * K * V
     a_off = (i_bh * Tp + rows[:, None]) * BT + o_t[None, :]
     # pass 1 over V: dLoss/dAqk, the U = X (beta v) part of dLoss/dX, dv, and beta's share through U
     dA = tl.zeros([BT, BT], dtype=tl.float32)
@@ -426,7 +428,7 @@ def _chunk_bwd(q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, d
         kk = tl.load(k + x_off, mask=mt[:, None] & mk[None, :], other=0.0).to(tl.float32)
         G = tl.load(gc + b_off, mask=mk[None, :], other=0.0)
         k_dec = tl.load(Kd + b_off, mask=mk[None, :], other=0.0)
-        g_last = tl.load(gc + (i_bh * Tp + i_t * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
+        g_last = tl.load(gc + (i_bh * Tp + t0 + BT - 1) * K + o_k, mask=mk, other=0.0)
         e_g = tl.exp(G)
         dq = dqg * e_g * scale
         kg_b = kk * e_g * b[:, None]                   # the rows W is built from
@@ -455,11 +457,9 @@ def _solve_bwd(beta, X, Akk, Pk, db_p, dbeta, T, Tp, H: tl.constexpr, BT: tl.con
     """Through the inverse, one chunk: X = (I + L)^-1 => dL = -X^T dX X^T, kept strictly below the diagonal.
     Pk holds dX on entry and beta * dL (what _intra_bwd reads) on exit; dbeta gets its last share.
     One 16-row block of dL at a time: two float32 [64, 64] products at once do not fit sm_80's registers."""
-    i_t, i_bh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_b, i_h = i_bh // H, i_bh % H
+    t0, i_bh, i_b, i_h = _chunk_program(H, BT)
     o_t = tl.arange(0, BT)
     o_c = tl.arange(0, BC)
-    t0 = i_t.to(tl.int64) * BT
     a_base = i_bh * Tp * BT
     Xf = tl.load(X + a_base + (t0 + o_t[:, None]) * BT + o_t[None, :])
     dX = tl.load(Pk + a_base + (t0 + o_t[:, None]) * BT + o_t[None, :])
@@ -487,7 +487,7 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
     i_t, i_kd, i_bh = tl.program_id(0), tl.program_id(1), tl.program_id(2).to(tl.int64)
     i_b, i_h = i_bh // H, i_bh % H
     NC: tl.constexpr = BT // BC
-    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _cumsum_fwd
+    t0 = i_t.to(tl.int64) * BT                 # int64 rows, as in _chunk_program
     o_c = tl.arange(0, BC)
     o_t = tl.arange(0, BT)
     cols = i_kd * BKD + tl.arange(0, BKD)

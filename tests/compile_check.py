@@ -157,17 +157,24 @@ def _gpu_default_model():
 
 
 def workloads():
+    import bench   # the --bench shapes on CUDA, as bench.py defines them
     work = _gpu_default_model()
-    # python kda.py --bench (CUDA): bf16 q/k/v, float32 g and beta, H = 16, K = V = 128
-    work.append(("kda.py --bench", _kda(4, 8192, 16, 128, 128, BF16, FP32, state=False)))
-    # python muonclip.py --bench (CUDA): Newton-Schulz shapes in bf16; max logit (B, H, Hkv, T, Dh) in bf16
-    work.append(("muonclip.py --bench: Newton-Schulz",
-                 _ns([(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (1024, 4096), (4096, 1024)], BF16)))
-    for B, H, Hkv, T, Dh in [(8, 12, 12, 1024, 64), (4, 16, 4, 2048, 128), (1, 16, 16, 8192, 64)]:
-        work.append((f"muonclip.py --bench: max logit Dh={Dh}", _max_logit(B, H, Hkv, T, Dh, BF16, transposed=False)))
-    # python attnres.py --bench (CUDA): (N, D, tokens) in bf16
-    for N, D, M in [(4, 768, 8192), (8, 1024, 16384), (8, 2048, 16384), (16, 2048, 8192), (8, 4096, 32768)]:
-        work.append((f"attnres.py --bench N={N} D={D}", _attnres(N, M, D, BF16)))
+    # python bench.py kda (CUDA): bf16 q/k/v, float32 g and beta, forward and backward at every length
+    kb = bench.KDA_CUDA
+    for T in kb["lengths"]:
+        work.append((f"bench.py kda T={T}", _kda(kb["tokens"] // T, T, kb["H"], kb["K"], kb["K"], BF16, FP32,
+                                                  state=False)))
+    # python bench.py muonclip (CUDA): Newton-Schulz in bf16 (and MuonClip's step on the stand-in model's
+    # stacked matrices); max logit (B, H, Hkv, T, Dh) in bf16
+    work.append(("bench.py muonclip: Newton-Schulz", _ns(bench.NS_CUDA, BF16)))
+    d, n_layer, _ = bench.OPTIMIZER_STAND_IN_CUDA
+    work.append(("bench.py muonclip: optimizer step",
+                 _ns([(4 * n_layer, d, d), (n_layer, 4 * d, d), (n_layer, d, 4 * d)], BF16)))
+    for B, H, Hkv, T, Dh in bench.MAX_LOGIT_CUDA:
+        work.append((f"bench.py muonclip: max logit Dh={Dh}", _max_logit(B, H, Hkv, T, Dh, BF16, transposed=False)))
+    # python bench.py attnres (CUDA): (N, D, tokens) in bf16
+    for N, D, M in bench.ATTNRES_CUDA:
+        work.append((f"bench.py attnres N={N} D={D}", _attnres(N, M, D, BF16)))
     # GPU tests (pytest -m gpu): tests/test_kda_triton.py, test_kda.py, test_muonclip.py, test_attnres.py
     work += [
         ("test_kda_triton bf16 T=4096 K=V=128", _kda(1, 4096, 2, 128, 128, BF16, BF16)),
