@@ -19,9 +19,9 @@ Arms (model.py, same depth, width, heads, data order and steps; parameter counts
   A        full attention (RoPE)               KKKA     Kimi Linear's 3:1 hybrid (NoPE attention)
 
     python experiments/long_context.py --quick                 # seconds: tiny shapes (the test runs this)
-    nice python experiments/long_context.py                    # 600 steps × 2048 tokens: ~30 min on 2 idle
-                                                               # cores (estimated from measured step times)
-    nice python experiments/long_context.py --steps=300 --tokens_per_step=1024 --eval_samples=32   # README run
+    nice python experiments/long_context.py                    # 600 steps × 1024 tokens, the README run:
+                                                               # measured on a shared 2-core CPU, 2026-12-04,
+                                                               # wall 26.8 min (CPU 20.7 min)
     nice python experiments/long_context.py --arms=K,K-head --n_seeds=3 --tasks=mqar
 Writes out/long_context/long_context.{png,md,json}; state-size knobs: --head_dim, --n_head, --n_embd.
 """
