@@ -42,7 +42,9 @@ operands on the tensor cores with float32 accumulation; everything else stays fl
   |-------------------------------------------------|------------------|--------------------------------------|
   | G = cumsum g and every exp() of it (all)        | float32          | G reaches about -45 within a chunk;  |
   |                                                 |                  | a bf16 G moves exp(G) by up to 13%   |
-  | diagonal 16x16 blocks of Aqk, Akk (_intra_*)    | float32, no dot  | one exact exponent per (i, j, d)     |
+  | diagonal 16x16 blocks of Aqk, Akk (_intra_*)    | float32, no dot  | one exact exponent per (i, j, d);    |
+  |                                                 |                  | factoring through a row of the block |
+  |                                                 |                  | overflows (exp(+150), strong decay)  |
   | earlier sub-chunks of Aqk, Akk:                 | bf16 operands    | anchored at the sub-chunk's first    |
   |   (q e^(G_i-G_n)) (k e^(G_n-G_j))^T (_intra_*)  |                  | row: both decays <= 1, so operands   |
   |                                                 |                  | are O(|q|, |k|), relative error 2^-9 |
@@ -52,8 +54,9 @@ operands on the tensor cores with float32 accumulation; everything else stays fl
   |                                                 |                  | ~C^3/3 flops per chunk, cheap        |
   | W = X (beta k e^G), U = X (beta v) (_solve_wy)  | bf16 operands    | X rounded once, after the solve      |
   | Vn = U - W S, S += Kd^T Vn (_state_fwd)         | bf16 operands,   | the state is held, decayed and       |
-  |                                                 | float32 state    | accumulated in float32: roundings do |
-  |                                                 |                  | not compound across chunks           |
+  |                                                 | float32 state    | accumulated in float32: a bf16 state |
+  |                                                 |                  | rounded every chunk nearly doubles   |
+  |                                                 |                  | its error under long memory          |
   | O = Qg S + Aqk Vn (_output_fwd)                 | bf16 operands    | as fla's chunk_kda                   |
   | every backward product except dL (_state_bwd,   | bf16 operands,   | the transposes of the rows above;    |
   |   _chunk_bwd, _intra_bwd)                       | float32 dS       | dS accumulates in float32            |

@@ -75,6 +75,45 @@ def test_decays_stay_float32_because_bf16_cannot_hold_them():
     assert worst_relative_error(G.float()) < 1e-5
 
 
+def test_diagonal_blocks_need_the_exact_exponent():
+    # the plan's diagonal-block row: inside a 16-row block, factoring exp(G_i - G_j) through the block's
+    # first row n, as the earlier blocks are, needs exp(G_n - G_j) for j > n, a positive exponent: under
+    # strong decay (G falls by ~150 over 16 rows) it overflows float32 and the scores turn inf/NaN; one exact
+    # exponent per (i, j, d), each <= 0, stays finite and exact
+    gen = torch.Generator().manual_seed(0)
+    S, K = 16, 64
+    G = (-20 * torch.rand(S, K, generator=gen)).cumsum(0)
+    a, b = torch.randn(S, K, generator=gen), torch.randn(S, K, generator=gen)
+    causal = torch.ones(S, S, dtype=torch.bool).tril()
+    factored = ((a * (G - G[:1]).exp()) @ (b * (G[:1] - G).exp()).T)[causal]
+    assert not torch.isfinite(factored).all()
+    decay = (G[:, None, :] - G[None, :, :]).masked_fill(~causal[:, :, None], float("-inf")).exp()
+    exact = torch.einsum("ik,ijk,jk->ij", a, decay, b)
+    G64 = G.double()
+    ref = torch.einsum("ik,ijk,jk->ij", a.double(), (G64[:, None] - G64[None, :]).clamp(max=0).exp(), b.double())
+    assert rel_rms(ref.tril(), exact.double()) < 1e-6
+
+
+def test_the_state_stays_float32_because_roundings_would_accumulate():
+    # the plan's state row: the state is carried across chunks in float32. Rounding it to bf16 at every
+    # chunk boundary (64 roundings at T = 4096) almost doubles the final state's error where memory is
+    # long (slow decay, small beta: old contributions are not forgotten, so neither are their roundings):
+    # measured 3.0e-3 -> 5.5e-3, past TOL; with faster decay the roundings fade and it costs ~10%
+    q, k, v, g, beta, h0 = bf16_inputs(4096, 64, "weak")
+    g, beta = 0.01 * g, 0.1 * beta
+    _, s_ref = kda_chunk_ref(q.float(), k.float(), v.float(), g, beta, None, h0, True)
+    final = {}
+    for round_state in (False, True):
+        s = h0
+        for t in range(0, 4096, 64):
+            chunk = slice(t, t + 64)
+            _, s = kda_chunk_ref(q[:, chunk].float(), k[:, chunk].float(), v[:, chunk].float(), g[:, chunk],
+                                 beta[:, chunk], None, s, True, precision="bf16")
+            s = s.bfloat16().float() if round_state else s
+        final[round_state] = rel_rms(s_ref, s)
+    assert final[False] <= TOL and final[True] > 1.5 * final[False], final
+
+
 def test_the_solve_stays_float32_because_it_amplifies_rounding():
     # the plan's solve row: X = (I + L)^-1 from a bf16-rounded L is off by several times what rounding the
     # float32 X once costs (measured 4.6x with positive, correlated keys under weak decay, ~1.2x otherwise)
