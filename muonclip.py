@@ -362,15 +362,16 @@ class MuonClip(torch.optim.Optimizer):
         # a few hundred floats: decide on the CPU, one device sync per step instead of several per layer
         per_layer = flat.cpu().split([m.n_head for _, m in layers])
         tau = self.qk_clip_tau
-        stats = {"layers": [], "max_logit": [], "clipped_heads": [], "max_logit_per_head": []}
-        for (name, m), s_max in zip(layers, per_layer):
-            clipped = (s_max > tau) if tau is not None else torch.zeros_like(s_max, dtype=torch.bool)
-            if clipped.any():
-                self._clip_heads(m, s_max, clipped, tau)
-            for key, value in zip(stats, (name, s_max.max().item(), int(clipped.sum()), s_max.tolist())):
-                stats[key].append(value)                       # in the order of stats' keys
+        clipped = [(s_max > tau) if tau is not None else torch.zeros_like(s_max, dtype=torch.bool)
+                   for s_max in per_layer]
+        for (_, m), s_max, mask in zip(layers, per_layer, clipped):
+            if mask.any():
+                self._clip_heads(m, s_max, mask, tau)
             m.max_logit = None
-        self.last_clip_stats = stats
+        self.last_clip_stats = {"layers": [name for name, _ in layers],
+                                "max_logit": [s.max().item() for s in per_layer],
+                                "clipped_heads": [int(mask.sum()) for mask in clipped],
+                                "max_logit_per_head": [s.tolist() for s in per_layer]}
 
     @staticmethod
     def _clip_heads(m, s_max, clipped, tau):
