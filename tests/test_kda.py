@@ -159,6 +159,7 @@ def _bad_cases():
         (dict(backend="cuda"), ValueError, "backend"),
         (dict(q=torch.randn(B, T, H, 300), k=torch.randn(B, T, H, 300), g=-torch.rand(B, T, H, 300),
               backend="triton"), ValueError, "the Triton path supports K <="),
+        (dict(v=torch.randn(B, T, H, 300), backend="triton"), ValueError, "the Triton path supports K <= 128 and V <="),
         (dict(v=torch.randn(B, T, H, V, device="meta")), ValueError, "is on meta"),
     ]
 

@@ -11,7 +11,7 @@ import kernels.kda as kda_kernels
 from conftest import assert_close
 from kda import kda, kda_chunk_ref, kda_recurrent_ref
 from test_kda import make_inputs  # same input distribution as the reference tests
-from kernels.kda import MAX_K, MAX_V, chunk_kda_triton
+from kernels.kda import chunk_kda_triton
 
 GRAD_NAMES = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
 
@@ -129,16 +129,8 @@ def test_noncontiguous_inputs_and_mixed_gate_dtype():
     assert_close(o_ref, o1, 1e-4, "o")
 
 
-# Input checks live in the public op, kda.kda() (tests/test_kda.py covers them); the Triton wrapper trusts
-# it. What is particular to backend="triton":
-
-@pytest.mark.parametrize("K,V", [(MAX_K + 1, 8), (16, MAX_V + 1)])
-def test_triton_path_names_its_head_size_limits(K, V):
-    q, k, v, g, beta = torch.rand(1, 8, 2, K), torch.rand(1, 8, 2, K), torch.rand(1, 8, 2, V), -torch.rand(1, 8, 2, K), \
-        torch.rand(1, 8, 2)
-    with pytest.raises(ValueError, match=f"K <= {MAX_K} and V <= {MAX_V}"):
-        kda(q, k, v, g, beta, backend="triton")
-
+# Input checks live in the public op, kda.kda() (tests/test_kda.py covers them, the kernels' head-size
+# limits too); the Triton wrapper trusts it. What is particular to backend="triton":
 
 def test_triton_path_on_empty_input_returns_the_references_output():
     q, v, beta, h0 = torch.rand(1, 0, 2, 16), torch.rand(1, 0, 2, 8), torch.rand(1, 0, 2), torch.rand(1, 2, 16, 8)
