@@ -78,16 +78,22 @@ def newton_schulz_ref(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None
     a, b, c = coeffs
     lead, (rows, cols) = G.shape[:-2], G.shape[-2:]
     X = G.reshape(-1, rows, cols).to(dtype)             # [batch, rows, cols]
+    # One matrix (a batch of 1) takes torch.optim.Muon's own calls (norm(), addmm), so the two agree bit
+    # for bit on any BLAS (tests/test_muonclip.py); a stack takes the batched forms of the same calls.
+    matrix = X.shape[0] == 1
+    if matrix:
+        X = X[0]                                        # [rows, cols]
+    add_matmul = torch.addmm if matrix else torch.baddbmm
     transposed = rows > cols
-    if transposed:                                      # [batch, m, n] with m <= n
+    if transposed:                                      # [..., m, n] with m <= n
         X = X.mT
     # Frobenius norm >= spectral norm, so afterwards every singular value is <= 1 (clamp, not +eps,
     # keeps the map scale-invariant for tiny gradients)
-    X = X / X.norm(dim=(-2, -1), keepdim=True).clamp(min=eps)
+    X = X / (X.norm() if matrix else X.norm(dim=(-2, -1), keepdim=True)).clamp(min=eps)
     for _ in range(steps):
-        A = X @ X.mT                                    # [batch, m, m]
-        B = torch.baddbmm(A, A, A, beta=b, alpha=c)     # b·A + c·A·A
-        X = torch.baddbmm(X, B, X, beta=a)              # a·X + B·X
+        A = X @ X.mT                                    # [..., m, m]
+        B = add_matmul(A, A, A, beta=b, alpha=c)        # b·A + c·A·A
+        X = add_matmul(X, B, X, beta=a)                 # a·X + B·X
     if transposed:
         X = X.mT
     return X.reshape(*lead, rows, cols)

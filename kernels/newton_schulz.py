@@ -66,6 +66,10 @@ def _sym_gram_kernel(
         ADD += batch * stride_ab
         extra = tl.load(ADD + rows[:, None] * stride_am + cols[None, :] * stride_an, mask=in_bounds, other=0.0)
         acc += beta * extra.to(tl.float32)
+    if pid_m == pid_n:
+        # a diagonal tile's dot need not be symmetric bit for bit ((i, j) and (j, i) can sum in different
+        # orders on some BLAS / tensor-core paths): its lower triangle is the upper one, transposed
+        acc = tl.where(rows[:, None] <= cols[None, :], acc, tl.trans(acc))
     out = acc.to(C.dtype.element_ty)
     tl.store(C + rows[:, None] * stride_cm + cols[None, :] * stride_cn, out, mask=in_bounds)
     if pid_m != pid_n:
@@ -99,7 +103,8 @@ _INTERPRET_BLOCK, _INTERPRET_BLOCK_K = 32, 32
 def sym_gram(P: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, add: torch.Tensor | None = None) -> torch.Tensor:
     """alpha · P·Pᵀ + beta · add for a batch P [batch, M, K]; `add` must be symmetric [batch, M, M].
 
-    The result is exactly symmetric (each off-diagonal value is computed once and stored twice).
+    The result is exactly symmetric on every backend: each value of the upper triangle is computed once
+    and stored twice, also on the diagonal tiles (whose dot need not be symmetric bit for bit).
     """
     if P.ndim != 3:
         raise ValueError(f"sym_gram: P must be [batch, M, K], got shape {tuple(P.shape)}")

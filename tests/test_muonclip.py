@@ -133,15 +133,33 @@ def test_ns_triton_matches_reference(shape):
     assert_close(ref, out, 1e-4, f"triton NS {shape}")
 
 
-def test_sym_gram_is_exactly_symmetric_and_correct():
+@pytest.mark.parametrize("seed, shape", [(0, (2, 45, 70)), (1, (2, 45, 70)), (2, (2, 45, 70)), (3, (1, 33, 17)),
+                                         (4, (3, 64, 40)), (5, (1, 70, 130))])
+def test_sym_gram_is_exactly_symmetric_and_correct(seed, shape):
+    # (2, 45, 70) is the shape that broke the exact assertion on one CPU's BLAS path when diagonal tiles
+    # were stored whole: symmetry must come from the construction, not from the backend's sum order
     from kernels.newton_schulz import sym_gram
-    P = torch.randn(2, 45, 70)
+    P = torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
     A = sym_gram(P)
     assert torch.equal(A, A.mT)  # mirrored, not recomputed
     assert_close(P.double() @ P.double().mT, A.double(), 1e-6, "P·Pᵀ")
     B = sym_gram(A, alpha=2.0315, beta=-4.775, add=A)
     ref = 2.0315 * (A.double() @ A.double()) - 4.775 * A.double()
     assert_close(ref, B.double(), 1e-6, "c·A·A + b·A")
+
+
+def test_sym_gram_takes_every_value_from_the_upper_triangle():
+    # A stand-in for a dot whose (i, j) and (j, i) entries differ in the last bit: an `add` that is not
+    # symmetric. The result must still be exactly symmetric, each pair taken from the upper triangle
+    # (a kernel that stored its diagonal tiles whole would copy the asymmetry through).
+    from kernels.newton_schulz import sym_gram
+    P = torch.randn(1, 45, 30)
+    noise = torch.triu(torch.randn(1, 45, 45), diagonal=1) * 1e-3      # upper-only: add is not symmetric
+    C = sym_gram(P, alpha=1.0, beta=1.0, add=P @ P.mT + noise)
+    assert torch.equal(C, C.mT)
+    upper = torch.triu(torch.ones(45, 45, dtype=torch.bool))
+    want = (2 * (P.double() @ P.double().mT) + noise.double())
+    assert_close(want[:, upper], C.double()[:, upper], 1e-6, "upper triangle")
 
 
 def test_ns_errors():
