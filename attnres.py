@@ -28,7 +28,7 @@ single new source the merge is a sigmoid lerp: h = o1 + σ(s_new - lse1) (v_new 
 The fused op lives in kernels/attnres.py (one pass over the sources, online softmax, float32
 accumulation; the backward recomputes keys instead of saving float32 intermediates).
 
-    python attnres.py --bench          # = python bench.py attnres: eager vs torch.compile vs Triton
+    python bench.py attnres                 # eager vs torch.compile vs the fused Triton op
     python experiments/attnres_compare.py   # trains the three residuals; draws the depth-attention heatmaps
 """
 import math
@@ -347,9 +347,3 @@ class AttnResStream(nn.Module):
         _, w = attnres_ref(self.queries[l].detach(), [s.detach() for s in sources], self.key_norms[l].detach(),
                            self.eps, return_weights=True)
         weights.append(w.flatten(1).mean(dim=1))
-
-
-if __name__ == "__main__":  # the benchmark lives in bench.py: python attnres.py --bench = python bench.py attnres
-    import sys
-    import bench
-    sys.exit(bench.forward("attnres", sys.argv[1:]))

@@ -7,11 +7,10 @@ alternative a user would reach for, as markdown tables of time, rate and peak me
     python bench.py muonclip             # Newton-Schulz, the max-logit kernel, the optimizer step's share
     python bench.py swarm                # the sub-agent runtime's overhead per step
 
-`python kda.py --bench` (and the other concept files' --bench) forwards here. On CUDA each section runs
-the full shapes in bf16; on CPU small shapes in float32, without the Triton rows (the interpreter is a
-correctness tool, not a speed path). A rate is followed by its share of the device's peak: dense bf16
-FLOP/s from train.PEAK_TFLOPS (the table MFU uses), or memory bandwidth from PEAK_GBS here; no share is
-shown where the peak is unknown (CPU).
+On CUDA each section runs the full shapes in bf16; on CPU small shapes in float32, without the Triton
+rows (the interpreter is a correctness tool, not a speed path). A rate is followed by its share of the
+device's peak: dense bf16 FLOP/s from kernels.launch.PEAK_TFLOPS (the table MFU uses), or memory
+bandwidth from kernels.launch.PEAK_GBS; no share is shown where the peak is unknown (CPU).
 """
 import argparse
 import concurrent.futures as cf
@@ -24,13 +23,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from train import peak_flops
-
-# HBM bandwidth (bytes/s) for the memory-bound AttnRes op; the first match of the device name wins
-PEAK_GBS = (("H200", 4.8e12), ("H100", 3.35e12), ("A100", 2.0e12))
+from kernels.launch import PEAK_GBS, peak_flops
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
-PEAK_TFLOPS_FLAG = 0.0   # --peak_tflops: the device's peak when train.PEAK_TFLOPS does not know it
+PEAK_TFLOPS_FLAG = 0.0   # --peak_tflops: the device's peak when kernels.launch.PEAK_TFLOPS does not know it
 
 # The CUDA shapes (tests/compile_check.py compiles every kernel launch these make, for sm_90 and sm_80)
 KDA_CUDA = dict(H=16, K=128, tokens=32768, lengths=[512, 1024, 2048, 4096, 8192, 16384, 32768])
@@ -347,7 +343,7 @@ def main(argv=None, prog=None):
     parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="the device's dense bf16 peak for the %% of peak columns; 0 = look the GPU up in "
-                             "train.PEAK_TFLOPS")
+                             "kernels.launch.PEAK_TFLOPS")
     args = parser.parse_args(argv)
     global PEAK_TFLOPS_FLAG
     PEAK_TFLOPS_FLAG = args.peak_tflops
@@ -356,18 +352,6 @@ def main(argv=None, prog=None):
     for op in SECTIONS if "all" in args.ops else dict.fromkeys(args.ops):
         SECTIONS[op]()
     return 0
-
-
-def forward(op: str, argv: list[str]) -> int:
-    """`python <op>.py --bench [bench.py's flags]`: the concept files' benchmark flag, a forward to here."""
-    parser = argparse.ArgumentParser(prog=f"{op}.py", description=f"python {op}.py --bench [--threads=N ...] "
-                                     f"runs python bench.py {op} [--threads=N ...] (python bench.py --help)")
-    parser.add_argument("--bench", action="store_true", help=f"print the benchmark tables (python bench.py {op})")
-    args, rest = parser.parse_known_args(argv)
-    if not args.bench:
-        parser.print_help()
-        return 0
-    return main([op, *rest])
 
 
 if __name__ == "__main__":

@@ -26,7 +26,7 @@ This file: kda_recurrent_ref (the per-token loop, the oracle), kda_chunk_ref (th
 PyTorch), kda (the public op: validates and dispatches to the reference or to the Triton kernels in
 kernels/kda.py), and the layer.
 
-    python kda.py --bench                    # = python bench.py kda: Triton vs SDPA flash vs fla (CPU: references)
+    python bench.py kda                      # Triton vs SDPA flash vs fla (CPU: the references)
     python -m pytest tests/test_kda.py -q    # references, errors, the layer's incremental decoding
 """
 import functools
@@ -378,9 +378,3 @@ class KimiDeltaAttention(nn.Module):
         out_gate = torch.sigmoid(self.g_b_proj(self.g_a_proj(x)).float().view(B, T, H, K))
         o = (o * out_gate).to(x.dtype).reshape(B, T, H * K)               # [B,T,H·V]
         return self.o_proj(o)
-
-
-if __name__ == "__main__":  # the benchmark lives in bench.py: python kda.py --bench = python bench.py kda
-    import sys
-    import bench
-    sys.exit(bench.forward("kda", sys.argv[1:]))

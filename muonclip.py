@@ -32,7 +32,7 @@ Which parameter goes where (MuonClip.from_model walks model.named_modules()):
     1-D params (norm gains, biases) and KDA gates (A_log, dt_bias) -> AdamW, no weight decay
 A parameter shared by two modules (tied embedding/head) goes to AdamW.
 
-Run:  python muonclip.py --bench     (= python bench.py muonclip: Newton-Schulz, max logit, optimizer step)
+Bench: python bench.py muonclip     (Newton-Schulz, max logit, the optimizer step)
 Tests: python -m pytest tests/test_muonclip.py -q
 """
 import math
@@ -397,9 +397,3 @@ class MuonClip(torch.optim.Optimizer):
                 k_rows[heads] = k_rows[heads] * factor
             else:
                 q_rows[heads] = q_rows[heads] * gamma.to(q_rows.dtype).view(-1, 1, 1)
-
-
-if __name__ == "__main__":  # the benchmark lives in bench.py: python muonclip.py --bench = python bench.py muonclip
-    import sys
-    import bench
-    sys.exit(bench.forward("muonclip", sys.argv[1:]))

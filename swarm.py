@@ -73,7 +73,7 @@ sub-agents, item-F1). The decoder is model.GPT.
 Run:  python swarm.py                 trains all arms for seed 0 on CPU (~50 s of CPU time), writes out/swarm/
       python swarm.py --seeds 0 1 2   more seeds, one table
       python swarm.py --demo          one episode as the trained orchestrator wrote it, with its timeline
-      python swarm.py --bench         runtime overhead with 100 concurrent sub-agents
+      python bench.py swarm           runtime overhead with 100 concurrent sub-agents
 """
 import argparse
 import math
@@ -1028,7 +1028,6 @@ def demo(out_dir: str = "out/swarm", seed: int = 0):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--bench", action="store_true", help="runtime overhead with 100 concurrent sub-agents")
     parser.add_argument("--demo", action="store_true", help="print one episode written by the trained orchestrator")
     parser.add_argument("--steps", type=int, default=25, help="PARL updates per trained arm")
     parser.add_argument("--sft_steps", type=int, default=80, help="SFT steps (shared by the arms of a seed)")
@@ -1046,10 +1045,7 @@ if __name__ == "__main__":
     parser.add_argument("--format_frac", type=float, default=0.15, help="share of tool-format examples in SFT")
     parser.add_argument("--out_dir", default="out/swarm")
     args = parser.parse_args()
-    if args.bench:
-        import bench   # the benchmark lives in bench.py: python bench.py swarm
-        bench.main(["swarm"])
-    elif args.demo:
+    if args.demo:
         demo(args.out_dir, args.seed)
     else:
         run_experiment(args.out_dir, tuple(args.seeds or [args.seed]), args.steps, args.sft_steps,

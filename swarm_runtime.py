@@ -10,7 +10,7 @@ assign_task(agent, task); each sub-agent runs on its own and returns one message
 
 Read top to bottom: the records (SubagentRun, Stage, Trace), `run_subagent` (drives one generator
 worker under a step budget), `SwarmRuntime` (one episode: the two tools, main_step, gather, answer),
-its overhead per step with 100 concurrent sub-agents is measured by python bench.py swarm (= python swarm.py --bench).
+its overhead per step with 100 concurrent sub-agents is measured by python bench.py swarm.
 """
 import concurrent.futures as cf
 import os

@@ -33,6 +33,7 @@ import torch
 import torch.distributed as dist
 
 import data
+from kernels.launch import peak_flops
 from model import GPT, Config
 
 RUNS_DIR = "out"                  # where runs get their folders when --out_dir is not given
@@ -97,12 +98,6 @@ CPU_DEFAULTS = dict(data="shakespeare", batch_size=10, grad_accum=1, max_iters=2
                     vision_ratio=0.2, vision_tasks="color_one,side_one",
                     block_size=128, n_layer=4, n_head=4, n_embd=128, tie_embeddings=True,
                     vision_patch_size=8, vision_n_embd=64, vision_n_layer=1, vision_n_head=4)
-
-# Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) for MFU, matched against the CUDA device
-# name; the first match wins, so the more specific names come first. Unknown devices report MFU n/a.
-PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("H800", 989.0),
-               ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0),
-               ("L4", 121.0), ("A10", 125.0), ("RTX 4090", 165.0), ("RTX 3090", 71.0))
 
 
 
@@ -828,19 +823,6 @@ def finish_run(run: Run, step: int, last_eval: dict, interrupted: bool, wall_s: 
 
 
 # ----------------------------------------------------------------------------- reporting
-
-def peak_flops(device: str, override_tflops: float) -> tuple[float | None, str]:
-    """(peak FLOP/s or None, where it came from) for MFU."""
-    if override_tflops > 0:
-        return override_tflops * 1e12, f"{override_tflops:g} TFLOP/s (--peak_tflops)"
-    if device.startswith("cuda"):
-        name = torch.cuda.get_device_name(device)
-        for key, tflops in PEAK_TFLOPS:
-            if key in name:
-                return tflops * 1e12, f"{tflops:g} TFLOP/s ({name}, dense bf16)"
-        return None, f"n/a (no peak known for {name}; set --peak_tflops)"
-    return None, "n/a on CPU (set --peak_tflops to compute one)"
-
 
 def format_seconds(s: float) -> str:
     s = int(round(s))

@@ -29,11 +29,10 @@ for d/4 <= i < d/2 (w_j = base^(-j/(d/4))), so q . k depends on (r_q - r_k, c_q 
 language model's 1-D RoPE (model.py) is the same rotation with one position and d/2 frequencies. An
 image of H x W pixels costs ceil(H / 2p) * ceil(W / 2p) tokens in the language model.
 
-Run: `python vision.py` (= `python image_tasks.py`) writes out/vision/vision_samples.png (a grid of
-task samples with questions and answers) and prints how many image tokens each resolution costs.
+Run: `python image_tasks.py` writes out/vision/vision_samples.png (a grid of task samples with
+questions and answers) and prints how many image tokens each resolution costs.
 """
 import math
-import sys
 
 import torch
 import torch.nn as nn
@@ -266,8 +265,3 @@ class EarlyFusion(nn.Module):
         # masked_scatter fills the True positions in row-major order: row 0's slots first, and
         # within a row left to right, which is exactly the order of `flat`
         return x.masked_scatter((idx == IMAGE_PAD).unsqueeze(-1), tokens)
-
-
-if __name__ == "__main__":  # the task samples and each image size's token cost: python image_tasks.py
-    import image_tasks
-    sys.exit(image_tasks.main())

@@ -9,13 +9,37 @@ and every `kernel[grid](*args, **kwargs)` is appended to a list instead of being
 then compiles each recorded launch for sm_90 and sm_80 with Triton's own compiler.
 
 Nothing here changes what a real launch does: outside `record()` gpu_config(x) is x.is_cuda.
-This file imports no concept file.
+It also holds the devices' peak tables (PEAK_TFLOPS, PEAK_GBS, peak_flops), the one low place that
+train.py's MFU and bench.py's % of peak both read. This file imports no concept file.
 """
 import contextlib
 from dataclasses import dataclass
 
 import torch
 from triton.runtime.jit import KernelInterface
+
+# Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) for MFU (train.py) and the benchmarks' % of
+# peak (bench.py), matched against the CUDA device name; the first match wins, so the more specific names
+# come first. Unknown devices report n/a.
+PEAK_TFLOPS = (("H100 PCIe", 756.0), ("H100", 989.0), ("H200", 989.0), ("GH200", 989.0), ("H800", 989.0),
+               ("B200", 2250.0), ("A100", 312.0), ("A800", 312.0), ("L40S", 362.0), ("L40", 181.0),
+               ("L4", 121.0), ("A10", 125.0), ("RTX 4090", 165.0), ("RTX 3090", 71.0))
+# HBM bandwidth (bytes/s) for memory-bound ops (bench.py's AttnRes section); first match wins
+PEAK_GBS = (("H200", 4.8e12), ("H100", 3.35e12), ("A100", 2.0e12))
+
+
+def peak_flops(device: str, override_tflops: float) -> tuple[float | None, str]:
+    """(peak FLOP/s or None, where it came from) for MFU."""
+    if override_tflops > 0:
+        return override_tflops * 1e12, f"{override_tflops:g} TFLOP/s (--peak_tflops)"
+    if device.startswith("cuda"):
+        name = torch.cuda.get_device_name(device)
+        for key, tflops in PEAK_TFLOPS:
+            if key in name:
+                return tflops * 1e12, f"{tflops:g} TFLOP/s ({name}, dense bf16)"
+        return None, f"n/a (no peak known for {name}; set --peak_tflops)"
+    return None, "n/a on CPU (set --peak_tflops to compute one)"
+
 
 # SMs of an H100/H200 SXM: the persistent AttnRes backward sizes its grid by it. Used only while
 # recording (a real launch asks the device); it matters to the compile only through Triton's integer

@@ -9,7 +9,7 @@ kernels/ with `meta` tensors (shapes and strides only) inside kernels.launch.rec
 take their GPU configuration and captures every `kernel[grid](*args, **kwargs)` instead of running it;
 an autotuned kernel contributes each of its configs. So a new block size, autotune config or kernel
 variant is checked without editing this file. What this file lists is the workloads (shapes and dtypes):
-the GPU default training config (read from train.py), the --bench shapes and the GPU test shapes. Every
+the GPU default training config (read from train.py), the benchmark shapes (bench.py) and the GPU test shapes. Every
 @triton.jit kernel found in kernels/ must appear in at least one recorded launch.
 
 Each launch is specialised as a real launch would be (Triton's own argument binder: pointer and integer
@@ -157,7 +157,7 @@ def _gpu_default_model():
 
 
 def workloads():
-    import bench   # the --bench shapes on CUDA, as bench.py defines them
+    import bench   # the benchmark shapes on CUDA, as bench.py defines them
     work = _gpu_default_model()
     # python bench.py kda (CUDA): bf16 q/k/v, float32 g and beta, forward and backward at every length
     kb = bench.KDA_CUDA

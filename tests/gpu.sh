@@ -54,7 +54,7 @@ section "GPU tests (pytest -m gpu)" 90 python -m pytest -q -m gpu tests/
 # tolerances); most of its limit is first-run JIT: ~1 s per kernel configuration, and the Newton-Schulz
 # autotuner compiles its configs for each distinct matrix shape of the tiny model
 section "End to end: Triton vs reference, bf16 (tests/test_e2e.py)" 80 python -m pytest -q -s tests/test_e2e.py
-# every benchmark (bench.py, one section per op; `python <op>.py --bench` is the same command)
+# every benchmark (bench.py, one section per op)
 section "python bench.py muonclip" 45 python bench.py muonclip
 section "python bench.py kda" 60 python bench.py kda
 section "python bench.py attnres" 40 python bench.py attnres
