@@ -7,6 +7,7 @@ import torch
 import torch.multiprocessing as mp
 
 import data
+import runs
 import train
 from model import GPT, Config
 
@@ -190,7 +191,7 @@ def test_bad_checkpoints_are_rejected(corpus, tmp_path):
     torch.save(ckpt, tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit, match="another version of train.py"):
         train.train(out_dir=str(tmp_path), resume=True)
-    ckpt["format"] = train.CHECKPOINT_FORMAT
+    ckpt["format"] = runs.CHECKPOINT_FORMAT
     ckpt["model"].pop("wte.weight")                             # weights that do not fit the model
     torch.save(ckpt, tmp_path / "ckpt.pt")
     with pytest.raises(SystemExit, match="does not fit this version's model"):
@@ -339,7 +340,7 @@ def test_tokens_per_second_covers_its_window_and_excludes_eval_and_checkpoints(c
     log line, including the off-interval last line, and MFU's window must carry the same steps."""
     clock = {"t": 1000.0}
     monkeypatch.setattr(train.time, "time", lambda: clock["t"])
-    real_forward, real_save = GPT.forward, train.save_checkpoint
+    real_forward, real_save = GPT.forward, runs.save_checkpoint
 
     def timed_forward(self, *a, **k):
         clock["t"] += 0.5 if self.training else 10.0
@@ -350,7 +351,7 @@ def test_tokens_per_second_covers_its_window_and_excludes_eval_and_checkpoints(c
         return real_save(*a, **k)
 
     monkeypatch.setattr(GPT, "forward", timed_forward)
-    monkeypatch.setattr(train, "save_checkpoint", timed_save)
+    monkeypatch.setattr(runs, "save_checkpoint", timed_save)
     out = train.train(**dict(TINY, data=corpus, max_iters=11, log_interval=4, eval_interval=8, ckpt_interval=3,
                              out_dir=str(tmp_path), peak_tflops=1.0))
     rows = out["history"]
