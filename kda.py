@@ -138,8 +138,7 @@ def kda_chunk_ref(q, k, v, g, beta, scale=None, initial_state=None, output_final
     bounded gate allows, see gate="safe"; under unbounded decay it overflows).
     """
     if precision not in ("fp32", "bf16", "bf16-all", "bf16-safe"):
-        raise ValueError("kda_chunk_ref: precision must be 'fp32', 'bf16', 'bf16-all' or 'bf16-safe', got "
-                         f"{precision!r}")
+        raise ValueError(f"kda_chunk_ref: precision must be fp32, bf16, bf16-all or bf16-safe, got {precision!r}")
     op = _exact if precision == "fp32" else _to_bf16              # a matmul operand on the plan's bf16 rows
     kept = _to_bf16 if precision == "bf16-all" else _exact        # what the plan keeps in float32
     B, T, H, K = q.shape
@@ -289,19 +288,19 @@ class KimiDeltaAttention(nn.Module):
     the gate's up-projection (head_dim -> H·K or -> H) and dt_bias (H·K or H values); everything else,
     including the op, is the same (the head rate is broadcast over K before the op).
 
-    gate="safe" (fla's chunk_kda safe_gate, the gate Kimi K3's configs select) is a per-channel gate
-    bounded below: g = lower_bound · sigmoid(exp(A_log) · (f(x) + dt_bias)) ∈ (lower_bound, 0), A_log
-    initialised to 0 (fla's choice), lower_bound = gate_lower_bound (K3 and fla: −5). What the bound buys:
-    inside a chunk, a cumulative decay over n tokens is ≥ n · lower_bound, so exp(G_n − G_j) ≤
-    exp(−lower_bound · (j − n)) even for the "wrong-way" pairs j > n. The unbounded gate (−exp(A_log) ·
-    softplus, A up to 16) has no such ceiling, which is why the kernels' precision plan computes each 16×16
-    diagonal block with one exact exponent per (i, j, d): factoring it through the block's first row n
-    overflows (U(−20, 0) decays give exp(+150)). Under the bound the largest factor is exp(15 · |lower_bound|)
-    = exp(75) at −5, below float32's (and bf16's) exp(88.7), so for lower_bound ≥ −88.7/15 = −5.9 a diagonal
-    block can be one dot of anchored operands like the off-diagonal ones (fla's 16-row tensor-core path;
-    tests/test_kda_precision.py measures it in bf16). The bound does not bound G itself (64 tokens at −5
-    reach −320) nor the memory (g may be ~0), so the plan's other rows stay float32 for the same reasons.
-    The op is unchanged: g is its input, and the reference and Triton paths run any g ≤ 0."""
+    gate="safe" (fla's chunk_kda safe_gate; the gate of Kimi K3's configs) bounds the channel gate below:
+    g = lower_bound · sigmoid(exp(A_log) · (f(x) + dt_bias)) ∈ [lower_bound, 0], A_log initialised to 0 (as
+    fla), lower_bound = gate_lower_bound (K3, fla: −5). What the bound buys: inside a chunk, the decay over n
+    tokens is ≥ n · lower_bound, so exp(G_n − G_j) ≤ exp(−lower_bound · (j − n)) even for "wrong-way" pairs
+    j > n. The unbounded gate (−exp(A_log) · softplus, A up to 16) has no such ceiling, so the kernels'
+    precision plan computes each 16×16 diagonal block with one exact exponent per (i, j, d): factoring it
+    through the block's first row n overflows (U(−20, 0) decays give exp(+150)). Under the bound the largest
+    factor is exp(15 · |lower_bound|) = exp(75) at −5, below float32's (and bf16's) exp(88.7), so for
+    lower_bound ≥ −88.7/15 = −5.9 a diagonal block can be one product of anchored operands like the others
+    (fla's 16-row tensor-core path; tests/test_kda_precision.py measures it in bf16). G itself is not bounded
+    usefully (64 tokens at −5 reach −320) and memory can still be long (g ≈ 0), so the plan's other rows keep
+    float32 for the same reasons. The op is unchanged: g is its input, and the reference and Triton paths run
+    any g ≤ 0."""
 
     def __init__(self, d_model, n_heads, head_dim, conv_size=4, backend="auto", norm_eps=1e-5, init_std=0.02,
                  gate="channel", gate_lower_bound=-5.0):
@@ -309,11 +308,9 @@ class KimiDeltaAttention(nn.Module):
         if backend not in ("auto", "ref", "triton"):
             raise ValueError(f"KimiDeltaAttention: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
         if gate not in ("channel", "head", "safe"):
-            raise ValueError(f"KimiDeltaAttention: gate must be 'channel' (KDA), 'head' (Gated DeltaNet) or "
-                             f"'safe' (bounded channel gate), got {gate!r}")
+            raise ValueError(f"KimiDeltaAttention: gate must be 'channel', 'head' or 'safe', got {gate!r}")
         if not (isinstance(gate_lower_bound, (int, float)) and -math.inf < gate_lower_bound < 0):
-            raise ValueError(f"KimiDeltaAttention: gate_lower_bound must be a finite number < 0, got "
-                             f"{gate_lower_bound!r}")
+            raise ValueError(f"KimiDeltaAttention: gate_lower_bound must be finite and < 0, got {gate_lower_bound!r}")
         if min(d_model, n_heads, head_dim, conv_size) < 1:
             raise ValueError(f"KimiDeltaAttention: d_model, n_heads, head_dim, conv_size must be >= 1, got "
                              f"{d_model}, {n_heads}, {head_dim}, {conv_size}")
@@ -333,9 +330,8 @@ class KimiDeltaAttention(nn.Module):
         self.f_a_proj = nn.Linear(d_model, head_dim, bias=False)
         self.f_b_proj = nn.Linear(head_dim, gate_dim, bias=False)
         # A_log and dt_bias stay float32 and should get no weight decay (their names let optimizers find them).
-        # Published inits: A = U(1, 16); dt log-uniform in [1e-3, 1e-1], stored as softplus⁻¹(dt).
-        A_log = torch.zeros(n_heads) if gate == "safe" else torch.empty(n_heads).uniform_(1, 16).log()
-        self.A_log = nn.Parameter(A_log.float())
+        # Published inits: A = U(1, 16) (safe: A = 1); dt log-uniform in [1e-3, 1e-1], stored as softplus⁻¹(dt).
+        self.A_log = nn.Parameter(torch.zeros(n_heads) if gate == "safe" else torch.empty(n_heads).uniform_(1, 16).log())
         dt = torch.exp(torch.rand(gate_dim) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.b_proj = nn.Linear(d_model, n_heads, bias=False)           # β = sigmoid(b(x)), one per head
@@ -364,6 +360,17 @@ class KimiDeltaAttention(nn.Module):
             new_state = x.gather(2, idx[:, None, :].expand(-1, x.shape[1], -1))
         return F.silu(self.conv(x)).transpose(1, 2), new_state            # [B,T,C], [B,C,conv_size-1]
 
+    def log_decay(self, x):
+        """The forget gate g [B,T,H,K] (float32, ≤ 0; safe: within [lower_bound, 0]) from x [B,T,D]."""
+        B, T, H = x.shape[0], x.shape[1], self.n_heads
+        logits = self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, -1) + self.dt_bias.view(H, -1)
+        rate = self.A_log.exp()[:, None]                                   # [H,1]; logits [B,T,H,K or 1]
+        if self.gate == "safe":
+            g = self.gate_lower_bound * torch.sigmoid(rate * logits)
+        else:
+            g = -rate * F.softplus(logits)
+        return g.expand(B, T, H, self.head_dim).contiguous()   # a head gate decays all K rows alike
+
     def forward(self, x, cache=None, valid=None):
         """valid [B,T] bool (optional): each row's real tokens first, then pads (batched decoding of rows
         of different lengths, see model.GPT.forward). Pads get beta = 0 and g = 0, so the state passes
@@ -385,13 +392,7 @@ class KimiDeltaAttention(nn.Module):
         # the delta rule's write (I − β k kᵀ) a contraction for β ∈ [0, 1]
         q = (q.float() * torch.rsqrt(q.float().pow(2).sum(-1, keepdim=True) + 1e-6)).to(v.dtype)
         k = (k.float() * torch.rsqrt(k.float().pow(2).sum(-1, keepdim=True) + 1e-6)).to(v.dtype)
-        gate_logits = self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, -1)   # [B,T,H,K] or [B,T,H,1]
-        rate, gate_in = self.A_log.exp()[:, None], gate_logits + self.dt_bias.view(H, -1)
-        if self.gate == "safe":
-            g = self.gate_lower_bound * torch.sigmoid(rate * gate_in)         # in (lower_bound, 0)
-        else:
-            g = -rate * F.softplus(gate_in)                                    # ≤ 0
-        g = g.expand(B, T, H, K).contiguous()    # a head gate decays all K rows of its state alike
+        g = self.log_decay(x)                                              # [B,T,H,K] float32, ≤ 0
         beta = torch.sigmoid(self.b_proj(x).float())                       # [B,T,H]
         if valid is not None:  # pads: no write (beta = 0), no decay (g = 0)
             beta = beta * valid[:, :, None]
