@@ -25,9 +25,9 @@ Arms (model.py, same depth, width, heads, data order and steps; parameter counts
 
     python experiments/long_context.py --quick                 # seconds: tiny shapes (the test runs this)
     nice python experiments/long_context.py                    # 600 steps × 1024 tokens, the README run:
-                                                               # measured on a 2-core CPU, 2026-12-04: wall
-                                                               # 26.8 min shared (CPU 20.7 min); --seed=1 on
-                                                               # the nearly idle machine 14.2 min (CPU 19.7)
+                                                               # 3 tasks × 5 arms, measured on a 2-core CPU,
+                                                               # 2026-12-04: wall 42.5 min (CPU 78.5 min);
+                                                               # 2 tasks × 4 arms took 14.2-26.8 min before
     nice python experiments/long_context.py --arms=K,K-head --n_seeds=3 --tasks=mqar
 Writes out/long_context/long_context.{png,md,json}; state-size knobs: --head_dim, --n_head, --n_embd.
 """
