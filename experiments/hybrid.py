@@ -110,6 +110,7 @@ def main():
                   residual="standard", vision_ratio=0.0,
                   eval_iters=8, sample_tokens=0, seed=args.seed, optimizer=args.optimizer,
                   kda_gate=args.kda_gate, kda_gate_lower_bound=args.kda_gate_lower_bound,
+                  threads=0 if cuda else args.threads,   # train.train sets torch's threads again itself
                   device="cuda" if cuda else "cpu", **size)
 
     target = non_embedding_params({**common, "pattern": "KKKA"}, cuda)
