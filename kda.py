@@ -20,7 +20,8 @@ and strong decay underflows to 0 instead of overflowing to inf.
 
 The layer (KimiDeltaAttention) wraps the op as in the paper: q/k/v projections, a causal depthwise
 short convolution + SiLU, L2-normalised q and k, a low-rank forget gate g = −exp(A_log)·softplus(f(x) +
-dt_bias), β = sigmoid(b(x)), and a low-rank sigmoid output gate on a per-head RMSNorm.
+dt_bias), β = sigmoid(b(x)), and a low-rank sigmoid output gate on a per-head RMSNorm. gate="safe" is the
+bounded gate of fla's chunk_kda and Kimi K3 (see the layer).
 
 This file: kda_recurrent_ref (the per-token loop, the oracle), kda_chunk_ref (the chunkwise algorithm in
 PyTorch), kda (the public op: validates and dispatches to the reference or to the Triton kernels in
@@ -80,7 +81,7 @@ def _to_bf16(x):
     return x.to(torch.bfloat16).float()
 
 
-def _decayed_scores(a, b, gc, sub_chunk=16, operand=_exact):
+def _decayed_scores(a, b, gc, sub_chunk=16, operand=_exact, anchored_diag=False):
     """P[i,j] = Σ_d a_i[d] b_j[d] exp(gc_i[d] − gc_j[d]) for j ≤ i, else 0.
 
     a, b, gc: [..., C, K] (a may carry extra leading dims, broadcast against b and gc). gc is the
@@ -89,7 +90,9 @@ def _decayed_scores(a, b, gc, sub_chunk=16, operand=_exact):
       - pairs in different sub-chunks: factor through the anchor n = first row of i's sub-chunk,
         exp(gc_i − gc_n) · exp(gc_n − gc_j), both ≤ 1 for j < n ≤ i, so the block is one matmul
         (whose operands the precision plan may round: `operand`);
-      - pairs in the same sub-chunk: the exact per-channel exponent gc_i − gc_j (a [sub, sub, K] tensor).
+      - pairs in the same sub-chunk: the exact per-channel exponent gc_i − gc_j (a [sub, sub, K] tensor),
+        or with anchored_diag through the same anchor (one matmul; exp(gc_n − gc_j) ≥ 1 there, finite only
+        under a bounded gate: see KimiDeltaAttention's gate="safe").
     """
     C = a.shape[-2]
     S = sub_chunk if C % sub_chunk == 0 else C                              # sub-chunk length
@@ -106,9 +109,12 @@ def _decayed_scores(a, b, gc, sub_chunk=16, operand=_exact):
     scores = blocks.flatten(-3, -2) * earlier_sub_chunk                     # [..., C, C]
 
     mask = torch.ones(S, S, dtype=torch.bool, device=a.device).tril()
-    diff = g_s[..., :, None, :] - g_s[..., None, :, :]                      # [..., NS, S, S, K]
-    decay = diff.masked_fill(~mask[:, :, None], float("-inf")).exp()        # non-causal -> exp(-inf) = 0
-    diag = torch.einsum("...ik,...ijk,...jk->...ij", a_s, decay, b_s)      # [..., NS, S, S]
+    if anchored_diag:
+        diag = (operand(a_anchored) @ operand(b_s * (anchor - g_s).exp()).transpose(-1, -2)) * mask
+    else:
+        diff = g_s[..., :, None, :] - g_s[..., None, :, :]                  # [..., NS, S, S, K]
+        decay = diff.masked_fill(~mask[:, :, None], float("-inf")).exp()    # non-causal -> exp(-inf) = 0
+        diag = torch.einsum("...ik,...ijk,...jk->...ij", a_s, decay, b_s)  # [..., NS, S, S]
     # place the NS diagonal blocks on the block diagonal of [C, C]
     eye = torch.eye(NS, device=a.device)
     diag = (diag[..., :, :, None, :] * eye[:, None, :, None]).flatten(-4, -3).flatten(-2, -1)
@@ -127,10 +133,12 @@ def kda_chunk_ref(q, k, v, g, beta, scale=None, initial_state=None, output_final
     the table in kernels/kda.py): the operands of the matmuls marked bf16 there are rounded to bfloat16,
     products accumulate in float32, and the decays, the solve for (I + A)⁻¹ and the state stay float32;
     "bf16-all", what a naive bf16 port would do: also the cumulative decays, the inverse, W, U, the
-    pseudo-values and the state between chunks rounded to bfloat16 (the tests show why the plan avoids it).
+    pseudo-values and the state between chunks rounded to bfloat16 (the tests show why the plan avoids it);
+    "bf16-safe", the plan with the diagonal blocks of the scores as anchored bf16 matmuls too (what a
+    bounded gate allows, see gate="safe"; under unbounded decay it overflows).
     """
-    if precision not in ("fp32", "bf16", "bf16-all"):
-        raise ValueError(f"kda_chunk_ref: precision must be 'fp32', 'bf16' or 'bf16-all', got {precision!r}")
+    if precision not in ("fp32", "bf16", "bf16-all", "bf16-safe"):
+        raise ValueError(f"kda_chunk_ref: precision must be fp32, bf16, bf16-all or bf16-safe, got {precision!r}")
     op = _exact if precision == "fp32" else _to_bf16              # a matmul operand on the plan's bf16 rows
     kept = _to_bf16 if precision == "bf16-all" else _exact        # what the plan keeps in float32
     B, T, H, K = q.shape
@@ -152,7 +160,8 @@ def kda_chunk_ref(q, k, v, g, beta, scale=None, initial_state=None, output_final
     gc = kept(g.cumsum(dim=-2))                                            # log of Γ, within each chunk
 
     # both score matrices share k and the decays, so they are computed together
-    A_kk, A_qk = _decayed_scores(torch.stack([k, q]), k, gc, operand=op).unbind(0)  # 2 × [B,H,N,C,C], j ≤ i
+    A_kk, A_qk = _decayed_scores(torch.stack([k, q]), k, gc, operand=op,                # 2 × [B,H,N,C,C], j ≤ i
+                                 anchored_diag=precision == "bf16-safe").unbind(0)
     A_kk = beta * A_kk.tril(-1)                                             # the delta rule: j < i only
     A_qk = scale * A_qk
 
@@ -277,21 +286,37 @@ class KimiDeltaAttention(nn.Module):
     gate="channel" is KDA: one forget rate per key channel, g [B,T,H,K]. gate="head" is Gated DeltaNet's
     gating (arXiv 2412.06464): one forget rate per head, shared by its K channels. The two differ only in
     the gate's up-projection (head_dim -> H·K or -> H) and dt_bias (H·K or H values); everything else,
-    including the op, is the same (the head rate is broadcast over K before the op)."""
+    including the op, is the same (the head rate is broadcast over K before the op).
+
+    gate="safe" (fla's chunk_kda safe_gate; the gate of Kimi K3's configs) bounds the channel gate below:
+    g = lower_bound · sigmoid(exp(A_log) · (f(x) + dt_bias)) ∈ [lower_bound, 0], A_log initialised to 0 (as
+    fla), lower_bound = gate_lower_bound (K3, fla: −5). What the bound buys: inside a chunk, the decay over n
+    tokens is ≥ n · lower_bound, so exp(G_n − G_j) ≤ exp(−lower_bound · (j − n)) even for "wrong-way" pairs
+    j > n. The unbounded gate (−exp(A_log) · softplus, A up to 16) has no such ceiling, so the kernels'
+    precision plan computes each 16×16 diagonal block with one exact exponent per (i, j, d): factoring it
+    through the block's first row n overflows (U(−20, 0) decays give exp(+150)). Under the bound the largest
+    factor is exp(15 · |lower_bound|) = exp(75) at −5, below float32's (and bf16's) exp(88.7), so for
+    lower_bound ≥ −88.7/15 = −5.9 a diagonal block can be one product of anchored operands like the others
+    (fla's 16-row tensor-core path; tests/test_kda_precision.py measures it in bf16). G itself is not bounded
+    usefully (64 tokens at −5 reach −320) and memory can still be long (g ≈ 0), so the plan's other rows keep
+    float32 for the same reasons. The op is unchanged: g is its input, and the reference and Triton paths run
+    any g ≤ 0."""
 
     def __init__(self, d_model, n_heads, head_dim, conv_size=4, backend="auto", norm_eps=1e-5, init_std=0.02,
-                 gate="channel"):
+                 gate="channel", gate_lower_bound=-5.0):
         super().__init__()
         if backend not in ("auto", "ref", "triton"):
             raise ValueError(f"KimiDeltaAttention: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
-        if gate not in ("channel", "head"):
-            raise ValueError(f"KimiDeltaAttention: gate must be 'channel' (KDA) or 'head' (Gated DeltaNet), "
-                             f"got {gate!r}")
+        if gate not in ("channel", "head", "safe"):
+            raise ValueError(f"KimiDeltaAttention: gate must be 'channel', 'head' or 'safe', got {gate!r}")
+        if not (isinstance(gate_lower_bound, (int, float)) and -math.inf < gate_lower_bound < 0):
+            raise ValueError(f"KimiDeltaAttention: gate_lower_bound must be finite and < 0, got {gate_lower_bound!r}")
         if min(d_model, n_heads, head_dim, conv_size) < 1:
             raise ValueError(f"KimiDeltaAttention: d_model, n_heads, head_dim, conv_size must be >= 1, got "
                              f"{d_model}, {n_heads}, {head_dim}, {conv_size}")
         self.d_model, self.n_heads, self.head_dim = d_model, n_heads, head_dim
         self.conv_size, self.backend, self.norm_eps, self.gate = conv_size, backend, norm_eps, gate
+        self.gate_lower_bound = float(gate_lower_bound)
         inner = n_heads * head_dim
         self.q_proj = nn.Linear(d_model, inner, bias=False)
         self.k_proj = nn.Linear(d_model, inner, bias=False)
@@ -299,14 +324,14 @@ class KimiDeltaAttention(nn.Module):
         # one depthwise causal conv over the concatenated q|k|v channels (depthwise, so this equals three
         # separate convs) keeps a single conv state in the cache
         self.conv = nn.Conv1d(3 * inner, 3 * inner, conv_size, groups=3 * inner, bias=False)
-        # forget gate: low rank D -> head_dim -> H·K (channel) or H (head), then
-        # g = −exp(A_log)·softplus(· + dt_bias) ≤ 0
-        gate_dim = inner if gate == "channel" else n_heads
+        # forget gate: low rank D -> head_dim -> H·K (channel, safe) or H (head), then
+        # g = −exp(A_log)·softplus(· + dt_bias) ≤ 0, or (safe) lower_bound·sigmoid(exp(A_log)·(· + dt_bias))
+        gate_dim = n_heads if gate == "head" else inner
         self.f_a_proj = nn.Linear(d_model, head_dim, bias=False)
         self.f_b_proj = nn.Linear(head_dim, gate_dim, bias=False)
         # A_log and dt_bias stay float32 and should get no weight decay (their names let optimizers find them).
-        # Published inits: A = U(1, 16); dt log-uniform in [1e-3, 1e-1], stored as softplus⁻¹(dt).
-        self.A_log = nn.Parameter(torch.empty(n_heads, dtype=torch.float32).uniform_(1, 16).log())
+        # Published inits: A = U(1, 16) (safe: A = 1); dt log-uniform in [1e-3, 1e-1], stored as softplus⁻¹(dt).
+        self.A_log = nn.Parameter(torch.zeros(n_heads) if gate == "safe" else torch.empty(n_heads).uniform_(1, 16).log())
         dt = torch.exp(torch.rand(gate_dim) * (math.log(0.1) - math.log(0.001)) + math.log(0.001)).clamp(min=1e-4)
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))
         self.b_proj = nn.Linear(d_model, n_heads, bias=False)           # β = sigmoid(b(x)), one per head
@@ -335,6 +360,17 @@ class KimiDeltaAttention(nn.Module):
             new_state = x.gather(2, idx[:, None, :].expand(-1, x.shape[1], -1))
         return F.silu(self.conv(x)).transpose(1, 2), new_state            # [B,T,C], [B,C,conv_size-1]
 
+    def log_decay(self, x):
+        """The forget gate g [B,T,H,K] (float32, ≤ 0; safe: within [lower_bound, 0]) from x [B,T,D]."""
+        B, T, H = x.shape[0], x.shape[1], self.n_heads
+        logits = self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, -1) + self.dt_bias.view(H, -1)
+        rate = self.A_log.exp()[:, None]                                   # [H,1]; logits [B,T,H,K or 1]
+        if self.gate == "safe":
+            g = self.gate_lower_bound * torch.sigmoid(rate * logits)
+        else:
+            g = -rate * F.softplus(logits)
+        return g.expand(B, T, H, self.head_dim).contiguous()   # a head gate decays all K rows alike
+
     def forward(self, x, cache=None, valid=None):
         """valid [B,T] bool (optional): each row's real tokens first, then pads (batched decoding of rows
         of different lengths, see model.GPT.forward). Pads get beta = 0 and g = 0, so the state passes
@@ -356,9 +392,7 @@ class KimiDeltaAttention(nn.Module):
         # the delta rule's write (I − β k kᵀ) a contraction for β ∈ [0, 1]
         q = (q.float() * torch.rsqrt(q.float().pow(2).sum(-1, keepdim=True) + 1e-6)).to(v.dtype)
         k = (k.float() * torch.rsqrt(k.float().pow(2).sum(-1, keepdim=True) + 1e-6)).to(v.dtype)
-        gate_logits = self.f_b_proj(self.f_a_proj(x)).float().view(B, T, H, -1)   # [B,T,H,K] or [B,T,H,1]
-        g = -self.A_log.exp()[:, None] * F.softplus(gate_logits + self.dt_bias.view(H, -1))  # ≤ 0
-        g = g.expand(B, T, H, K).contiguous()    # a head gate decays all K rows of its state alike
+        g = self.log_decay(x)                                              # [B,T,H,K] float32, ≤ 0
         beta = torch.sigmoid(self.b_proj(x).float())                       # [B,T,H]
         if valid is not None:  # pads: no write (beta = 0), no decay (g = 0)
             beta = beta * valid[:, :, None]

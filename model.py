@@ -43,7 +43,8 @@ class Config:
     attnres_block_size: int = 4      # sublayers per block for attnres_block (block size 1 = full)
     kda_n_head: int = 0              # 0 = n_head
     kda_head_dim: int = 0            # 0 = n_embd // n_head
-    kda_gate: str = "channel"        # channel (KDA: a forget rate per key channel) | head (Gated DeltaNet)
+    kda_gate: str = "channel"        # channel (KDA: a rate per key channel) | head (Gated DeltaNet) | safe (bounded)
+    kda_gate_lower_bound: float = -5.0  # kda_gate=safe: every per-token log decay is > this (< 0)
     backend: str = "auto"            # kernels: auto (Triton on CUDA, reference on CPU) | ref | triton
     vision: bool = False             # early-fusion image tokens (vision.py)
     vision_patch_size: int = 4       # pixels per patch side; 2x2 patches merge into one LM token
@@ -61,8 +62,10 @@ class Config:
             (self.residual in ("standard", "attnres_full", "attnres_block"),
              f"residual={self.residual!r}: use standard | attnres_full | attnres_block"),
             (self.rope in ("auto", "rope", "nope"), f"rope={self.rope!r}: use auto | rope | nope"),
-            (self.kda_gate in ("channel", "head"),
-             f"kda_gate={self.kda_gate!r}: use channel (KDA) | head (Gated DeltaNet)"),
+            (self.kda_gate in ("channel", "head", "safe"),
+             f"kda_gate={self.kda_gate!r}: use channel (KDA) | head (Gated DeltaNet) | safe (bounded channel gate)"),
+            (-math.inf < self.kda_gate_lower_bound < 0,
+             f"kda_gate_lower_bound={self.kda_gate_lower_bound}: must be a finite number < 0"),
             (self.backend in ("auto", "ref", "triton"), f"backend={self.backend!r}: use auto | ref | triton"),
             (self.n_head > 0 and self.n_embd % self.n_head == 0,
              f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}"),
@@ -234,7 +237,7 @@ class Block(nn.Module):
             self.mixer = KimiDeltaAttention(
                 d_model=config.n_embd, n_heads=config.kda_n_head or config.n_head,
                 head_dim=config.kda_head_dim or config.n_embd // config.n_head, backend=config.backend,
-                gate=config.kda_gate)
+                gate=config.kda_gate, gate_lower_bound=config.kda_gate_lower_bound)
         self.norm2 = RMSNorm(config.n_embd, config.norm_eps)
         self.mlp = SwiGLU(config)
 

@@ -18,6 +18,7 @@ that the output head does not dominate the time.
     nice python experiments/hybrid.py                 # ~8 min on 2 busy CPU cores; out/hybrid/hybrid.{png,md}
     nice python experiments/hybrid.py --steps=400 --eval_every=50 --out_dir=out/hybrid_400     # ~18 min
     nice python experiments/hybrid.py --arms=KKKA:rope,A:nope --out_dir=out/hybrid_diag        # position-encoding controls
+    nice python experiments/hybrid.py --arms=KKKA,K --kda_gate=safe --out_dir=out/hybrid_safe  # Kimi K3's bounded gate
     python experiments/hybrid.py --gpu --steps=2000   # CUDA: larger model, Triton KDA (not yet run on a GPU)
 """
 import argparse
@@ -94,6 +95,7 @@ def main():
     ap.add_argument("--seed", type=int, default=1337, help="one seed (init and data order) for every arm")
     ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per arm)")
     ap.add_argument("--arms", default="A,KKKA,K", help="comma-separated patterns, each optionally :rope or :nope")
+    train.add_flags(ap, kda_gate="channel", kda_gate_lower_bound=-5.0)
     args = ap.parse_args()
     cuda = args.gpu and torch.cuda.is_available()
     if args.gpu and not cuda:
@@ -107,6 +109,8 @@ def main():
     common = dict(data=compact_corpus(vocab), vocab_size=vocab, tie_embeddings=False, grad_accum=1,
                   residual="standard", vision_ratio=0.0,
                   eval_iters=8, sample_tokens=0, seed=args.seed, optimizer=args.optimizer,
+                  kda_gate=args.kda_gate, kda_gate_lower_bound=args.kda_gate_lower_bound,
+                  threads=0 if cuda else args.threads,   # train.train sets torch's threads again itself
                   device="cuda" if cuda else "cpu", **size)
 
     target = non_embedding_params({**common, "pattern": "KKKA"}, cuda)
@@ -138,7 +142,8 @@ def main():
              f"{s['n_head']} heads (KDA head dim {s['n_embd'] // s['n_head']}), T={s['block_size']}, "
              f"batch {s['batch_size']}, "
              f"vocab {vocab} (compact Shakespeare), {args.steps} steps × {s['batch_size'] * s['block_size']} tokens, "
-             f"{args.optimizer}, seed {args.seed}, cosine schedule. "
+             f"{args.optimizer}, seed {args.seed}, cosine schedule, KDA gate {args.kda_gate}"
+             + (f" (lower bound {args.kda_gate_lower_bound:g})" if args.kda_gate == "safe" else "") + ". "
              "SwiGLU width per arm chosen to match the hybrid's non-embedding parameters.", "",
              "| arm | pattern | non-embedding params | MLP width | final val loss | val PPL | tokens/s |",
              "|---|---|---|---|---|---|---|"]
@@ -150,7 +155,7 @@ def main():
     with open(md, "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out_dir, "hybrid.json"), "w") as f:
-        json.dump(dict(runs=runs, steps=args.steps, size=size, device=device), f)
+        json.dump(dict(runs=runs, steps=args.steps, size=size, device=device, kda_gate=args.kda_gate), f)
     print("\n".join(lines))
     print(f"wrote {png} and {md}")
 

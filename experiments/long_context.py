@@ -11,18 +11,23 @@ Tasks (numpy, generated on the fly, no downloads):
          pairs than a small state (H heads of K×K per layer) can store exactly.
   Stack  a stream of PUSH(symbol) and POP tokens (push with probability push_prob, so the stack deepens
          with length); the target at a POP is the symbol it removes.
+  Palindrome  T/2 random symbols, a separator, then the same symbols in reverse order (teacher-forced):
+         the target at the separator and at every answer token is the next symbol of the reversed
+         sequence, so the whole first half must be held and read back last-in-first-out.
 Each model trains on a round-robin mix of the lengths (equal tokens per step) and is evaluated on a fixed
 held-out set at every length: accuracy = fraction of target positions predicted exactly.
 
 Arms (model.py, same depth, width, heads, data order and steps; parameter counts in the table):
   K        pure KDA (per-channel gate)         K-head   pure KDA with gate="head" (Gated DeltaNet)
+  K-safe   pure KDA with gate="safe" (the per-channel gate bounded below at -5, as Kimi K3 and fla's
+           chunk_kda safe gate)
   A        full attention (RoPE)               KKKA     Kimi Linear's 3:1 hybrid (NoPE attention)
 
     python experiments/long_context.py --quick                 # seconds: tiny shapes (the test runs this)
     nice python experiments/long_context.py                    # 600 steps × 1024 tokens, the README run:
-                                                               # measured on a 2-core CPU, 2026-12-04: wall
-                                                               # 26.8 min shared (CPU 20.7 min); --seed=1 on
-                                                               # the nearly idle machine 14.2 min (CPU 19.7)
+                                                               # 3 tasks × 5 arms, measured on a 2-core CPU,
+                                                               # 2026-12-04: wall 42.5 min (CPU 78.5 min);
+                                                               # 2 tasks × 4 arms took 14.2-26.8 min before
     nice python experiments/long_context.py --arms=K,K-head --n_seeds=3 --tasks=mqar
 Writes out/long_context/long_context.{png,md,json}; state-size knobs: --head_dim, --n_head, --n_embd.
 """
@@ -44,9 +49,11 @@ from model import GPT, Config  # noqa: E402
 ARMS = {  # name -> (pattern, kda_gate, label)
     "K": ("K", "channel", "KDA (channel gate)"),
     "K-head": ("K", "head", "head gate (Gated DeltaNet)"),
+    "K-safe": ("K", "safe", "KDA, safe gate (bound -5)"),
     "A": ("A", "channel", "full attention (RoPE)"),
     "KKKA": ("KKKA", "channel", "hybrid 3:1 KKKA (NoPE attn)"),
 }
+TASKS = ("mqar", "stack", "palindrome")
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -92,6 +99,23 @@ def stack_batch(rng, B, T, n_symbols, push_prob):
     return inputs, targets
 
 
+def palindrome_batch(rng, B, T, n_symbols):
+    """Palindrome. Vocabulary: 0 separator, 1..n_symbols symbols. A sequence is L = T // 2 random symbols
+    s_1..s_L, the separator, then s_L..s_2 (the answer so far, teacher-forced); the target at the separator
+    is s_L and at each answer token the next one down to s_1. An odd T ends in one extra separator."""
+    L = T // 2
+    if L < 1:
+        raise ValueError(f"palindrome: T must be >= 2, got {T}")
+    inputs = np.zeros((B, T), dtype=np.int64)
+    targets = np.full((B, T), -1, dtype=np.int64)
+    symbols = rng.integers(1, n_symbols + 1, size=(B, L))
+    reverse = symbols[:, ::-1]                                            # s_L .. s_1
+    inputs[:, :L] = symbols
+    inputs[:, L + 1:2 * L] = reverse[:, :L - 1]                           # position L is the separator (0)
+    targets[:, L:2 * L] = reverse
+    return inputs, targets
+
+
 def make_task(name, args):
     """(vocab size, batch(rng, B, T) -> (inputs, targets))."""
     if name == "mqar":
@@ -100,7 +124,9 @@ def make_task(name, args):
         return 1 + args.n_keys + args.n_values, batch
     if name == "stack":
         return 1 + args.n_symbols, lambda rng, B, T: stack_batch(rng, B, T, args.n_symbols, args.push_prob)
-    raise SystemExit(f"error: unknown task {name!r}; use mqar, stack")
+    if name == "palindrome":
+        return 1 + args.n_symbols, lambda rng, B, T: palindrome_batch(rng, B, T, args.n_symbols)
+    raise SystemExit(f"error: unknown task {name!r}; use {', '.join(TASKS)}")
 
 
 # -----------------------------------------------------------------------------------------------------
@@ -208,7 +234,8 @@ def write_report(runs, args, out_dir, device, wall):
                 bx.plot(steps, mean, color=color, lw=2, label=label)
             else:
                 bx.lines[-1].set_label(label)
-        extra = f", pairs = {args.pairs_frac:g}·T" if task == "mqar" else f", push p = {args.push_prob:g}"
+        extra = {"mqar": f", pairs = {args.pairs_frac:g}·T", "stack": f", push p = {args.push_prob:g}",
+                 "palindrome": f", T/2 symbols of {args.n_symbols}"}[task]
         ax.set_xscale("log", base=2), ax.set_xticks(args.lengths, [str(T) for T in args.lengths])
         ax.set_xlabel("sequence length T" + extra), ax.set_ylabel("accuracy")
         ax.set_title(f"{task.upper()}: accuracy vs length after {args.steps} steps")
@@ -235,9 +262,11 @@ def write_report(runs, args, out_dir, device, wall):
              f"{args.eval_samples} held-out sequences per length, mean over seeds (per-seed values in brackets "
              f"when several). {wall_label} {wall / 60:.1f} min.", ""]
     for task in args.tasks:
-        desc = (f"MQAR: {args.pairs_frac:g}·T key-value pairs ({', '.join(str(max(1, int(T * args.pairs_frac))) for T in args.lengths)}), "
-                f"{args.n_keys} keys, {args.n_values} values" if task == "mqar" else
-                f"Stack: {args.n_symbols} symbols, push probability {args.push_prob:g}")
+        desc = {"mqar": f"MQAR: {args.pairs_frac:g}·T key-value pairs ({', '.join(str(max(1, int(T * args.pairs_frac))) for T in args.lengths)}), "
+                        f"{args.n_keys} keys, {args.n_values} values",
+                "stack": f"Stack: {args.n_symbols} symbols, push probability {args.push_prob:g}",
+                "palindrome": f"Palindrome: T/2 random symbols of {args.n_symbols}, then reversed (chance "
+                              f"{1 / args.n_symbols:.4f})"}[task]
         lines += [f"**{desc}**", "",
                   "| arm | non-embedding params | " + " | ".join(f"acc T={T}" for T in args.lengths) + " | wall s per run |",
                   "|---|---|" + "---|" * len(args.lengths) + "---|"]
@@ -273,8 +302,8 @@ def write_report(runs, args, out_dir, device, wall):
 
 
 def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="MQAR and Stack vs length: KDA, head-gate KDA (Gated DeltaNet), "
-                                             "full attention, 3:1 hybrid",
+    ap = argparse.ArgumentParser(description="MQAR, Stack and Palindrome vs length: KDA (channel, head and "
+                                             "safe gates), full attention, 3:1 hybrid",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny shapes and a few steps (seconds), for the test")
     # defaults sized for a 2-core CPU: in a probe (K, MQAR, 1 seed) MQAR took off only after ~250 steps
@@ -287,8 +316,8 @@ def parse_args(argv=None):
     ap.add_argument("--report_only", action="store_true",
                     help="write the figure and table from the runs already saved under out_dir/runs")
     ap.add_argument("--jobs", type=int, default=2, help="runs trained in parallel processes (one per core)")
-    ap.add_argument("--tasks", default="mqar,stack", help="comma-separated: mqar, stack")
-    ap.add_argument("--arms", default="K,K-head,A,KKKA", help="comma-separated from " + ", ".join(ARMS))
+    ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated from " + ", ".join(TASKS))
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated from " + ", ".join(ARMS))
     ap.add_argument("--lengths", default="128,256,512", help="sequence lengths, trained round-robin")
     ap.add_argument("--tokens_per_step", type=int, default=1024, help="batch size = this // T")
     ap.add_argument("--eval_every", type=int, default=50, help="steps between held-out evaluations")
@@ -307,7 +336,7 @@ def parse_args(argv=None):
     ap.add_argument("--pairs_frac", type=float, default=0.0625, help="MQAR key-value pairs per token of length")
     ap.add_argument("--n_keys", type=int, default=64, help="MQAR key vocabulary (>= the most pairs)")
     ap.add_argument("--n_values", type=int, default=16, help="MQAR value vocabulary (chance = 1/n_values)")
-    ap.add_argument("--n_symbols", type=int, default=16, help="Stack alphabet")
+    ap.add_argument("--n_symbols", type=int, default=16, help="Stack and Palindrome alphabet")
     ap.add_argument("--push_prob", type=float, default=0.6, help="Stack: > 0.5 deepens the stack with length")
     args = ap.parse_args(argv)
     if args.quick:
@@ -321,6 +350,9 @@ def parse_args(argv=None):
     for arm in args.arms:
         if arm not in ARMS:
             raise SystemExit(f"error: unknown arm {arm!r}; use {', '.join(ARMS)}")
+    for task in args.tasks:
+        if task not in TASKS:
+            raise SystemExit(f"error: unknown task {task!r}; use {', '.join(TASKS)}")
     return args
 
 

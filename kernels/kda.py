@@ -66,6 +66,19 @@ float32 2.8e-3 to 4.0e-3 (o) and 1.9e-3 to 3.4e-3 (final state) at T = 4096, K =
 strong decay, within the 5e-3 tolerance; rounding everything to bf16 (precision="bf16-all") gives 3.5e-2
 to 0.24 under mid and strong decay. With positive, highly correlated keys under weak decay the output is a
 small difference of large terms and the plan's error grows to 1.0e-2 (mostly the bf16 Aqk Vn product).
+
+The safe gate (kda.py, gate="safe": every per-token log decay in [lower_bound, 0], -5 in Kimi K3 and fla)
+changes one row in principle: with the bound, the diagonal blocks factored through their first row n take
+exp(G_n - G_j) <= exp(15 * 5) = exp(75), finite in float32 and bf16 (up to lower_bound = -88.7/15 = -5.9),
+so they could be one bf16 tl.dot like the earlier sub-chunks (fla's safe-gate path). Measured with
+kda_chunk_ref(precision="bf16-safe") at T = 4096, K = 64: output error 2.4e-3 -> 3.3e-3 at decays near the
+bound, 3.9e-3 -> 4.1e-3 under weak decay, within the 5e-3 tolerance; under the unbounded gate the same
+product overflows to inf. The kernels do not take that row: the op receives g, not its bound, and every
+gate runs the exact diagonal above; the gain (4 of the 10 non-zero 16x16 blocks of Aqk and Akk per
+chunk onto the tensor cores) is unmeasured without a GPU. The other rows stay: a per-token bound does not
+bound the chunk-cumulative G (-320 at the bound; bf16-all still breaks the tolerance, 4.8e-2 at -2.5 a
+token) and allows weak decay, where the solve and state rows were measured (tests/test_kda_precision.py).
+
 On CPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1) in float32 numpy, and 16-bit
 inputs get the plan's roundings emulated there (PLAN = 2: round to nearest bf16 on the bits, as the GPU's
 cvt.rn does), so CI compares the kernel with the plan's reference; tests/compile_check.py counts the bf16

@@ -275,22 +275,30 @@ def gated_deltanet_ref(q, k, v, alpha, beta, scale):
     return torch.stack(outs, dim=1), S
 
 
-def head_gate_layer_by_hand(layer, x):
-    """The KimiDeltaAttention layer with gate="head", recomputed from its parameters with the Gated
-    DeltaNet recurrence above (not through kda.py's ops). Returns (output [B,T,D], final S [B,H,V,K])."""
+def layer_by_hand(layer, x, mix):
+    """The KimiDeltaAttention layer recomputed from its parameters (not through kda.py's ops), around
+    mix(q, k, v, f, beta, scale) -> (o [B,T,H,V], final state): f [B,T,gate_dim] is the gate's raw
+    low-rank projection, each test's own gate and recurrence turn it into the mixing. Returns (output
+    [B,T,D], the final state as mix returns it)."""
     B, T, _ = x.shape
     H, K = layer.n_heads, layer.head_dim
     qkv = torch.cat([layer.q_proj(x), layer.k_proj(x), layer.v_proj(x)], dim=-1).transpose(1, 2)
     qkv = F.silu(layer.conv(F.pad(qkv, (layer.conv_size - 1, 0)))).transpose(1, 2)   # causal conv
     q, k, v = qkv.reshape(B, T, 3, H, K).unbind(dim=2)
     q, k = (z / z.pow(2).sum(-1, keepdim=True).add(1e-6).sqrt() for z in (q, k))
-    rate = layer.A_log.exp() * F.softplus(layer.f_b_proj(layer.f_a_proj(x)) + layer.dt_bias)  # [B,T,H]
-    alpha = torch.exp(-rate)
     beta = torch.sigmoid(layer.b_proj(x))
-    o, S = gated_deltanet_ref(q, k, v, alpha, beta, K ** -0.5)
+    o, S = mix(q, k, v, layer.f_b_proj(layer.f_a_proj(x)), beta, K ** -0.5)
     o = F.rms_norm(o.float(), (K,), layer.o_norm_weight, layer.norm_eps)
     o = o * torch.sigmoid(layer.g_b_proj(layer.g_a_proj(x))).view(B, T, H, K)
     return layer.o_proj(o.reshape(B, T, H * K)), S
+
+
+def head_gate_layer_by_hand(layer, x):
+    """gate="head" through the Gated DeltaNet recurrence above. Returns (output, final S [B,H,V,K])."""
+    def mix(q, k, v, f, beta, scale):
+        rate = layer.A_log.exp() * F.softplus(f + layer.dt_bias)                  # [B,T,H]
+        return gated_deltanet_ref(q, k, v, torch.exp(-rate), beta, scale)
+    return layer_by_hand(layer, x, mix)
 
 
 @pytest.mark.parametrize("T", [1, 70])
@@ -342,3 +350,99 @@ def test_model_config_passes_the_gate():
     assert m.blocks[0].mixer.gate == "head" and m.blocks[0].mixer.dt_bias.shape == (2,)
     with pytest.raises(ValueError, match="kda_gate"):
         Config(kda_gate="scalar")
+
+
+# The safe gate (Kimi K3, fla's chunk_kda safe_gate) against a separately written step-by-step recurrence
+
+def kda_step_by_step(q, k, v, alpha, beta, scale, S0=None):
+    """KDA as Kimi Linear writes it (arXiv 2510.26692, Eq. 1), one token at a time in float64, written
+    independently of kda.py: S_t = (I − β_t k_t k_tᵀ) Diag(α_t) S_{t−1} + β_t k_t v_tᵀ, o_t = S_tᵀ (scale q_t),
+    with S [K, V] (key-major) and α_t ∈ (0, 1]^K one decay per key channel. q, k, alpha [B,T,H,K];
+    v [B,T,H,V]; beta [B,T,H]; S0 [B,H,K,V] or None. Returns o [B,T,H,V] and the final S [B,H,K,V]."""
+    B, T, H, K = q.shape
+    q, k, v, alpha, beta = (x.double() for x in (q, k, v, alpha, beta))
+    S = torch.zeros(B, H, K, v.shape[-1], dtype=torch.float64) if S0 is None else S0.double()
+    eye = torch.eye(K, dtype=torch.float64)
+    outs = []
+    for t in range(T):
+        kt, bt = k[:, t, :, :, None], beta[:, t, :, None, None]                    # [B,H,K,1], [B,H,1,1]
+        S = (eye - bt * kt @ kt.transpose(-1, -2)) @ (alpha[:, t, :, :, None] * S) + bt * kt @ v[:, t, :, None, :]
+        outs.append((S.transpose(-1, -2) @ (scale * q[:, t, :, :, None])).squeeze(-1))   # [B,H,V]
+    return torch.stack(outs, dim=1), S
+
+
+def safe_gate_layer_by_hand(layer, x):
+    """gate="safe": α = exp(lower_bound · sigmoid(exp(A_log) · (f + dt_bias))) per channel, through the
+    step-by-step recurrence above. Returns (output [B,T,D], final S [B,H,K,V] float64)."""
+    B, T, _ = x.shape
+    H, K = layer.n_heads, layer.head_dim
+
+    def mix(q, k, v, f, beta, scale):
+        z = f.view(B, T, H, K) + layer.dt_bias.view(H, K)
+        g = layer.gate_lower_bound * torch.sigmoid(layer.A_log.exp()[:, None] * z)
+        return kda_step_by_step(q, k, v, g.exp(), beta, scale)
+    return layer_by_hand(layer, x, mix)
+
+
+def strong_safe_layer(lower_bound=-5.0, backend="ref", d_model=48, n_heads=3):
+    """A safe-gate layer (head dim 16) whose decays spread over the whole [lower_bound, 0] range (A_log and
+    the gate's up-projection enlarged), so that a wrong bound, sign or broadcast shows."""
+    layer = KimiDeltaAttention(d_model, n_heads, 16, backend=backend, gate="safe", gate_lower_bound=lower_bound)
+    with torch.no_grad():
+        layer.A_log.uniform_(-1, 2)
+        layer.f_b_proj.weight.mul_(200)
+    return layer
+
+
+def grads_of(out, layer, x, w):
+    return torch.autograd.grad((out * w).sum(), [x, *layer.parameters()])
+
+
+@pytest.mark.parametrize("T", [1, 63, 100])
+def test_safe_gate_layer_equals_step_by_step_recurrence(T):
+    # T = 1: the layer's recurrent step; 63, 100: the chunk reference (odd lengths, a partial chunk)
+    layer = strong_safe_layer()
+    x = torch.randn(2, T, 48, requires_grad=True)
+    cache = {}
+    out = layer(x, cache)
+    ref, S = safe_gate_layer_by_hand(layer, x)
+    assert_close(ref, out, 1e-5, "safe-gate layer output")
+    assert_close(S.float(), cache["state"], 1e-5, "safe-gate final state")
+    w = torch.randn_like(out)
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    for name, g_ref, g_out in zip(names, grads_of(ref, layer, x, w), grads_of(out, layer, x, w)):
+        assert_close(g_ref.float(), g_out, 1e-4, f"grad {name}")
+
+
+def test_safe_gate_is_bounded_and_differs_from_the_channel_gate():
+    layer = strong_safe_layer(lower_bound=-2.0)
+    x = torch.randn(2, 40, 48)
+    with torch.no_grad():
+        g = layer.log_decay(x)                                          # [B,T,H,K]
+        assert g.shape == (2, 40, 3, 16) and g.dtype == torch.float32
+        assert g.min() >= -2.0 and g.max() <= 0
+        assert g.min() < -1.9 and g.max() > -0.1                        # the range is used, not just a corner
+        # the same weights through the unbounded gate: decays far past the bound
+        layer.gate = "channel"
+        assert layer.log_decay(x).min() < -4.0
+    # the layer test above can fail: the channel gate's layer is far from the safe gate's recurrence
+    with torch.no_grad():
+        ref, _ = safe_gate_layer_by_hand(strong_safe_layer(), x)
+        layer = strong_safe_layer()
+        layer.gate = "channel"
+        assert rel_rms(ref, layer(x)) > 1e-2
+
+
+def test_safe_gate_parametrisation_and_errors():
+    safe, channel = make_layer(gate="safe"), make_layer(gate="channel")
+    assert {n: p.shape for n, p in safe.named_parameters()} == {n: p.shape for n, p in channel.named_parameters()}
+    assert torch.equal(safe.A_log, torch.zeros(3)) and safe.gate_lower_bound == -5.0   # fla's init: exp(A_log) = 1
+    for bad in (0.0, 1.0, float("nan"), float("-inf"), "-5"):
+        with pytest.raises(ValueError, match="gate_lower_bound must be finite and < 0"):
+            make_layer(gate="safe", gate_lower_bound=bad)
+    from model import GPT, Config
+    m = GPT(Config(vocab_size=64, n_layer=2, n_head=2, n_embd=32, pattern="KA", kda_gate="safe",
+                   kda_gate_lower_bound=-3.0))
+    assert m.blocks[0].mixer.gate == "safe" and m.blocks[0].mixer.gate_lower_bound == -3.0
+    with pytest.raises(ValueError, match="kda_gate_lower_bound"):
+        Config(kda_gate="safe", kda_gate_lower_bound=0.0)

@@ -143,6 +143,51 @@ def test_positive_correlated_keys_amplify_the_plan_error_through_cancellation():
     assert err_o <= 1.5e-2 and err_s <= 8e-3, (err_o, err_s)
 
 
+# -----------------------------------------------------------------------------------------------------
+# The safe gate (kda.py, gate="safe": every per-token log decay in [-5, 0]) and the diagonal-block row
+
+def safe_gate_inputs(T, K, decay, seed=0):
+    """bf16_inputs with the safe gate's decays, g = -5 sigmoid(x + shift): weak ~ -0.012 per token, mid
+    ~ -2.5, strong ~ -5 (the bound itself: the largest anchored factor, exp(15 * 5) = exp(75))."""
+    q, k, v, _, beta, h0 = bf16_inputs(T, K, "mid", seed=seed)
+    x = torch.randn(q.shape, generator=torch.Generator().manual_seed(seed + 1))
+    return q, k, v, -5.0 * torch.sigmoid(x + {"weak": -6.0, "mid": 0.0, "strong": 6.0}[decay]), beta, h0
+
+
+@pytest.mark.parametrize("decay", ["weak", "strong"])
+def test_safe_gate_lets_the_diagonal_blocks_take_bf16_operands(decay):
+    # precision="bf16-safe": the plan, plus every 16x16 diagonal block as one anchored product with bf16
+    # operands (fla's safe-gate tensor-core path). Under the bound it stays within TOL, at a modest cost
+    # over the exact diagonal: measured o 3.9e-3 -> 4.1e-3 (weak), 2.4e-3 -> 3.3e-3 (strong) at T = 4096
+    inputs = safe_gate_inputs(4096, 64, decay)
+    err_plan, err_safe = errors("bf16", *inputs), errors("bf16-safe", *inputs)
+    assert max(err_safe) <= TOL, err_safe
+    assert err_safe[0] < 1.5 * err_plan[0], (err_plan, err_safe)
+    if decay == "strong":  # most of a strongly decayed output comes from the diagonal blocks: the rounding shows
+        assert err_safe[0] > 1.2 * err_plan[0], (err_plan, err_safe)
+
+
+def test_the_anchored_diagonal_overflows_without_the_bound():
+    # the reason the plan keeps the exact diagonal for the unbounded gate: the same anchored product
+    # takes exp(G_n - G_j) up to exp(15 |g|), inf past g = -88.7 / 15 = -5.9 per token
+    q, k, v, _, beta, h0 = safe_gate_inputs(256, 32, "mid")
+    for g, finite in ((-20 * torch.rand(q.shape), False),                   # the channel gate's strong decay
+                      (torch.full(q.shape, -6.5), False),                   # past the bound that float32 allows
+                      (torch.full(q.shape, -5.0), True)):                   # the safe gate's bound
+        o, s = kda_chunk_ref(q.float(), k.float(), v.float(), g, beta, None, h0, True, precision="bf16-safe")
+        assert bool(torch.isfinite(o).all() and torch.isfinite(s).all()) == finite, g.min()
+
+
+def test_the_safe_gate_leaves_the_other_rows_float32():
+    # the bound bounds a per-token decay, not the chunk-cumulative G (here it reaches -176 in a chunk):
+    # rounding G, the inverse, W, U, the pseudo-values and the state to bf16 still breaks the tolerance
+    # (measured o 4.8e-2, state 5.1e-2 at mid decay), and weak decay (long memory) stays possible, where
+    # the solve and the state rows were measured above
+    inputs = safe_gate_inputs(1024, 64, "mid")
+    assert max(errors("bf16", *inputs)) <= TOL
+    assert max(errors("bf16-all", *inputs)) > 4 * TOL
+
+
 def test_plan_reference_rejects_unknown_precision():
     q, k, v, g, beta, h0 = bf16_inputs(8, 16, "mid")
     with pytest.raises(ValueError, match="precision must be"):

@@ -11,6 +11,7 @@ import kernels.kda as kda_kernels
 from conftest import assert_close
 from kda import kda, kda_chunk_ref, kda_recurrent_ref
 from test_kda import make_inputs  # same input distribution as the reference tests
+from test_kda import grads_of, kda_step_by_step, safe_gate_layer_by_hand, strong_safe_layer
 from kernels.kda import chunk_kda_triton
 
 GRAD_NAMES = ["dq", "dk", "dv", "dg", "dbeta", "dh0"]
@@ -127,6 +128,44 @@ def test_noncontiguous_inputs_and_mixed_gate_dtype():
     assert torch.equal(o1, o2)
     o_ref, _ = kda_recurrent_ref(q, k, v, g, beta)
     assert_close(o_ref, o1, 1e-4, "o")
+
+
+# The safe gate (kda.py's gate="safe"): the kernels take g as an input, so the Triton path with the safe
+# gate is the layer through the kernels, checked against the separately written step-by-step recurrence
+
+@pytest.mark.parametrize("T", [1, 63, 100])
+def test_safe_gate_decays_through_the_kernels_match_step_by_step_recurrence(T):
+    B, H, K, V = 1, 1, 16, 24
+    q, k, v, _, beta, h0 = make_inputs(B, T, H, K, V, with_state=True)
+    g = (-5.0 * torch.sigmoid(3 * torch.randn(B, T, H, K))).requires_grad_()     # spread over [-5, 0]
+    inputs = [q, k, v, g, beta, h0]
+    o, ht = chunk_kda_triton(q, k, v, g, beta, None, h0, True)
+    o_ref, S_ref = kda_step_by_step(q, k, v, g.exp(), beta, K ** -0.5, h0)
+    assert_close(o_ref, o, 1e-4, "o")
+    assert_close(S_ref, ht, 1e-4, "final state")
+    do, dht = torch.randn_like(o), torch.randn_like(ht)
+    grads = torch.autograd.grad((o * do).sum() + (ht * dht).sum(), inputs)
+    grads_ref = torch.autograd.grad((o_ref * do).sum() + (S_ref * dht).sum(), inputs)
+    for name, ref, out in zip(GRAD_NAMES, grads_ref, grads):
+        assert_close(ref, out, 1e-4, name)
+
+
+@pytest.mark.parametrize("T", [63, 100])
+def test_safe_gate_layer_through_the_kernels_matches_reference_and_recurrence(T):
+    layer = strong_safe_layer(backend="triton", d_model=32, n_heads=2)   # small: the interpreter is slow
+    x = torch.randn(1, T, 32, requires_grad=True)
+    cache = {}
+    out = layer(x, cache)                                       # the Triton kernels (interpreter on CPU)
+    layer.backend = "ref"
+    out_ref = layer(x)                                          # the chunk reference, same weights
+    by_hand, S = safe_gate_layer_by_hand(layer, x)
+    assert_close(out_ref, out, 1e-5, "layer output vs the chunk reference")
+    assert_close(by_hand, out, 1e-5, "layer output vs the step-by-step recurrence")
+    assert_close(S.float(), cache["state"], 1e-5, "final state")
+    w = torch.randn_like(out)
+    names = ["x"] + [n for n, _ in layer.named_parameters()]
+    for name, g_ref, g_out in zip(names, grads_of(by_hand, layer, x, w), grads_of(out, layer, x, w)):
+        assert_close(g_ref.float(), g_out, 1e-4, f"grad {name}")
 
 
 # Input checks live in the public op, kda.kda() (tests/test_kda.py covers them, the kernels' head-size

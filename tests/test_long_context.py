@@ -34,6 +34,47 @@ def test_mqar_targets_are_the_values_of_the_queried_keys():
         long_context.mqar_batch(rng, 1, 24, n_pairs=12, n_keys=20, n_values=30)
 
 
+@pytest.mark.parametrize("T", [2, 9, 64])
+def test_palindrome_targets_are_the_reversed_sequence(T):
+    rng = np.random.default_rng(2)
+    inputs, targets = long_context.palindrome_batch(rng, 5, T, n_symbols=7)
+    L = T // 2
+    assert inputs.shape == targets.shape == (5, T)
+    for x, y in zip(inputs, targets):
+        first = list(x[:L])
+        assert min(first) >= 1 and max(first) <= 7 and x[L] == 0      # the symbols, then the separator
+        assert list(y[L:2 * L]) == first[::-1]                        # the answer: the first half reversed
+        assert (y[:L] == -1).all() and (y[2 * L:] == -1).all()        # no loss on the question (or a filler)
+        assert list(x[L + 1:2 * L]) == list(y[L:2 * L - 1])           # teacher forcing: input = previous target
+        assert T % 2 == 0 or x[-1] == 0
+    with pytest.raises(ValueError, match="T must be >= 2"):
+        long_context.palindrome_batch(rng, 1, 1, n_symbols=7)
+
+
+class _Oracle(torch.nn.Module):
+    """Predicts `guess` (one-hot logits) for the rows it is shown, in order: what the scorer under test sees."""
+
+    def __init__(self, guess, vocab):
+        super().__init__()
+        self.guess, self.vocab, self.row = torch.from_numpy(guess), vocab, 0
+
+    def forward(self, x):
+        rows = self.guess[self.row:self.row + len(x)]
+        self.row += len(x)
+        return torch.nn.functional.one_hot(rows, self.vocab).float(), None
+
+
+def test_palindrome_accuracy_counts_only_the_answer_tokens():
+    inputs, targets = long_context.palindrome_batch(np.random.default_rng(3), 4, 41, n_symbols=5)
+    guess = np.where(targets >= 0, targets, 0)                       # right on every answer token ...
+    answer = np.flatnonzero(targets[0] >= 0)                          # positions 20..39
+    guess[:, answer[:5]] = (targets[:, answer[:5]] % 5) + 1           # ... except the first 5 of 20: wrong
+    assert (guess[:, answer[:5]] != targets[:, answer[:5]]).all()
+    guess[:, :20] = 3                                                 # the question part: never scored
+    acc = long_context.accuracy(_Oracle(guess, 6), {41: (inputs, targets)}, batch_size=3)
+    assert acc[41] == pytest.approx(15 / 20)
+
+
 def test_stack_targets_are_last_in_first_out():
     rng = np.random.default_rng(1)
     inputs, targets = long_context.stack_batch(rng, 3, 200, n_symbols=5, push_prob=0.6)
@@ -88,13 +129,15 @@ def test_long_context_quick_run_writes_figure_and_table(tmp_path):
     long_context.main(["--quick", "--threads", "1", "--out_dir", str(tmp_path)])
     assert (tmp_path / "long_context.png").stat().st_size > 10_000
     table = (tmp_path / "long_context.md").read_text()
-    for arm in ("`K`", "`K-head`", "`A`", "`KKKA`"):
-        assert table.count(arm) == 2                                  # one row per task
+    arms = ("K", "K-head", "K-safe", "A", "KKKA")
+    for arm in arms:
+        assert table.count(f"`{arm}`") == 3                           # one row per task
+    assert "**Palindrome" in table
     runs = json.loads((tmp_path / "long_context.json").read_text())["runs"]
-    assert {(r["task"], r["arm"]) for r in runs} == {(t, a) for t in ("mqar", "stack")
-                                                      for a in ("K", "K-head", "A", "KKKA")}
+    assert {(r["task"], r["arm"]) for r in runs} == {(t, a) for t in ("mqar", "stack", "palindrome") for a in arms}
     params = {r["arm"]: r["n_params"] for r in runs if r["task"] == "mqar"}
     assert params["K"] > params["K-head"]                          # the channel gate's larger projection
+    assert params["K"] == params["K-safe"]                         # the safe gate: same shapes, other function
     assert all(0 <= a <= 1 for r in runs for a in r["final"].values())
 
 
