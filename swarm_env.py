@@ -1,6 +1,7 @@
 """Agent Swarm environment: offline wide and deep tasks, frozen scripted sub-agents, item-F1.
 
-Support module for swarm.py. Two task families, each with its own small generated corpus:
+Support module for swarm.py (the orchestrator's tokens and training). Two task families, each with its
+own small generated corpus:
 
     lookup (wide)  collect one attribute of W entities, each fact hidden among 0-2 distractor documents;
                    items are independent, so W items split over n sub-agents finish ~n times sooner
@@ -12,13 +13,17 @@ one step, so an item costs 2-4 steps. Their role comes from the system prompt (a
 things up; a fact-checker verifies claims; a coder's role fits neither task and returns nothing).
 Items are referred to by index 0..W-1 (entities of a lookup, hops of a chain); `subtask(task, lo, hi,
 start)` builds the sub-task for a contiguous range of items. Scored by item-F1 and exact success.
+`Session` is one task played through the orchestrator's tools on a SwarmRuntime (what each call does,
+in Python: create, assign, wait, work alone, finish); `summarize` averages its results per task kind.
 """
 import random
 import re
 import time
 from dataclasses import dataclass
 
-from swarm_runtime import _positive_int
+import numpy as np
+
+from swarm_runtime import SwarmRuntime, _positive_int, run_subagent
 
 _SYLLABLES = ["ka", "ri", "mo", "ten", "sa", "lo", "vi", "dar", "nu", "pe", "zo", "ul", "fen", "qi", "bra", "tor"]
 _ATTRIBUTES = {"home city": ["Osaka", "Lyon", "Quito", "Perth", "Tartu", "Accra", "Hanoi", "Bergen"],
@@ -189,3 +194,141 @@ def sample_tasks(rng: random.Random, n: int, mix=(0.35, 0.45, 0.2), cfg: EnvConf
 
 def task_kind(task: dict) -> str:
     return "deep" if task["family"] == "chain" else ("wide" if task["width"] >= 12 else "narrow")
+
+
+def summarize(results: list) -> dict:
+    """Means per task kind (narrow / wide / deep) and over all: item-F1, critical steps, sub-agents, ..."""
+    out = {}
+    for kind in ("narrow", "wide", "deep", "all"):
+        rs = [r for r in results if kind == "all" or task_kind(r["task"]) == kind]
+        assigned = sum(r["n_assigned"] + r["n_idle"] for r in rs)
+        for key, name in (("f1", "f1"), ("success", "success"), ("critical", "critical"), ("total", "total"),
+                          ("n_created", "agents"), ("answered", "answered")):
+            if rs and key in rs[0]:
+                out[f"{kind}_{name}"] = float(np.mean([r[key] for r in rs]))
+        if rs:
+            out[f"{kind}_finish"] = sum(r["n_finished"] for r in rs) / assigned if assigned else float("nan")
+    return out
+
+
+class Session:
+    """One task played through the orchestrator's tools on a SwarmRuntime, on the critical-step clock.
+
+    create(role) adds a sub-agent a0, a1, ...; assign(k, lo, hi) launches agent k on items lo..hi (False:
+    no step left to launch it); wait() gathers the open stage and returns (k, facts brought back) per
+    launch; work(lo, hi) does items lo..hi alone, one tool call per step, and returns the facts found;
+    finish(submit) ends the episode, submitting what came back or nothing. The orchestrator's protocol
+    (swarm.py) checks legality; this class only executes. Facts carry the step they arrived (`arrived`).
+    """
+
+    def __init__(self, task: dict, cfg: EnvConfig = EnvConfig(), executor="inline", step_delay: float = 0.0,
+                 worker=scripted_worker):
+        self.task, self.cfg, self.worker = task, cfg, worker
+        self.rt = SwarmRuntime(worker, sub_step_budget=cfg.sub_step_budget, main_step_budget=cfg.critical_budget * 4,
+                               executor=executor, step_delay=step_delay, max_subagents=cfg.max_agents)
+        self.open_runs: list = []           # (agent index, SubagentRun) launched in the open stage
+        self.answer, self.arrived = {}, {}
+        self.t = 0                          # critical steps so far
+        self.frontier, self.current = 0, task.get("start")   # chain: first unsolved hop, entity reached
+        self.n_assigned = self.n_finished = 0
+
+    def create(self, role: str):
+        self.rt.create_subagent(f"a{len(self.rt.agents)}", ROLES[role])
+
+    def assign(self, k: int, lo: int, hi: int) -> bool:
+        start = self.current if lo == self.frontier else None   # chain: only the frontier's entity is known
+        budget = self.cfg.critical_budget - self.t - 1
+        if budget < 1:                       # no step left to launch it: the budget has run out
+            return False
+        self.open_runs.append((k, self.rt.assign_task(f"a{k}", subtask(self.task, lo, hi, start), budget=budget)))
+        return True
+
+    def wait(self) -> list:
+        overhead = len(self.open_runs) // self.cfg.agents_per_main_step     # reading the results back
+        if overhead and self.rt.main_steps_used + overhead <= self.rt.main_step_budget:
+            self.rt.main_step(overhead)
+        got = self._gather()
+        for _, facts in got:
+            self._record(facts)
+        return [(k, len(facts)) for k, facts in got]
+
+    def work(self, lo: int, hi: int) -> int:
+        found = 0
+        for i in range(lo, hi + 1):          # one item at a time, as a single agent works
+            left = self.cfg.critical_budget - self.t
+            if left < 1:
+                break
+            start = self.current if i == self.frontier else None
+            sub = subtask(self.task, i, i, start)
+            steps, _, msg, _, _, _ = run_subagent(self.worker, ROLES["researcher"], sub, left)
+            if steps:
+                self.rt.main_step(steps)
+            self.t += steps
+            if not msg:
+                break
+            self._record(msg)
+            found += len(msg)
+        return found
+
+    def finish(self, submit: bool):
+        if not submit:
+            self.answer, self.arrived = {}, {}
+        if self.open_runs:
+            # launches not yet read still run and cost their stage, but never reach the answer
+            self._gather()
+        self.rt.answer(dict(self.answer))
+
+    def _gather(self) -> list:
+        self.rt.gather()
+        self.t += self.rt.trace.stages[-1].critical_steps
+        got = [(k, run.message if run.finished and run.message else {}) for k, run in self.open_runs]
+        self.n_assigned += len(got)
+        self.n_finished += sum(bool(facts) for _, facts in got)
+        self.open_runs = []
+        return got
+
+    def _record(self, facts: dict):
+        for key, value in facts.items():
+            if key not in self.answer:
+                self.answer[key], self.arrived[key] = value, self.t
+        items = self.task["items"]
+        while self.task["family"] == "chain" and self.frontier < len(items) and items[self.frontier] in self.answer:
+            self.current = self.answer[items[self.frontier]]
+            self.frontier += 1
+
+    def result(self) -> dict:
+        trace, gold = self.rt.trace, self.task["gold"]
+        return {"task": self.task, "trace": trace, "answer": self.answer, "arrived": self.arrived,
+                "f1": item_f1(self.answer, gold), "success": float(self.answer == gold),
+                "critical": trace.critical_steps, "total": trace.total_steps, "wall_s": trace.wall_s,
+                "n_created": len(self.rt.agents), "n_assigned": self.n_assigned, "n_finished": self.n_finished,
+                "n_idle": len(self.rt.agents) - len({r.agent for st in trace.stages for r in st.runs}),
+                "clock": self.t}
+
+
+# scripted orchestrators: the call sequences the SFT warm start imitates (swarm.py plays them as tokens)
+
+def serial_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
+    """A single agent doing the work itself: ("self", lo, hi) on chunks of 1-6 items, then ("answer",)
+    once the items are done or the clock leaves too little for another item (one costs at most 4 steps)."""
+    session, lo, calls = Session(task, cfg), 0, []
+    while lo < task["width"]:
+        size = min(rng.randint(1, 6), (cfg.critical_budget - session.t - 1) // 4)
+        if size < 1:
+            break
+        hi = min(task["width"] - 1, lo + size - 1)
+        calls.append(("self", lo, hi))
+        session.work(lo, hi)
+        lo = hi + 1
+    return calls + [("answer",)]
+
+
+def split_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
+    """A tool-format example: 1-16 sub-agents of one random role, the items cut into that many near-equal
+    contiguous ranges (agents beyond the item count stay idle), one wait, then answer. It shows the
+    syntax of splitting; whether to delegate, how many agents, which role, are not in it (all random)."""
+    W, n, role = task["width"], rng.randint(1, cfg.max_agents), rng.choice(list(ROLES))
+    k = min(n, W)
+    bounds = [i * W // k for i in range(k + 1)]
+    calls = [("create", role)] * n + [("assign", i, bounds[i], bounds[i + 1] - 1) for i in range(k)]
+    return calls + [("wait",), ("answer",)]

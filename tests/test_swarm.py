@@ -8,8 +8,9 @@ import torch
 
 import swarm
 from model import GPT
-from swarm import (TOK, VOCAB, Episode, ProtocolError, encode_call, from_text, lambda_schedule, parl_reward,
-                   parse_calls, play, render)
+from swarm import Episode, lambda_schedule, parl_reward, play
+from swarm_protocol import (MAX_NUM, ROLE_TOKENS, TOK, VOCAB, ProtocolError, encode_call, from_text, parse_calls,
+                            render, tok_num)
 from swarm_env import ROLES, EnvConfig, item_f1, make_task, sample_tasks, scripted_worker, sleepy_worker, subtask
 from swarm_runtime import Stage, SubagentRun, SwarmRuntime, critical_steps, run_subagent, total_steps
 
@@ -227,7 +228,7 @@ def test_protocol_round_trips_render_and_parse():
         for _ in range(rng.randint(1, 12)):
             kind = rng.choice(["create", "assign", "self", "wait"])
             if kind == "create" and n < 16:
-                calls.append(("create", rng.choice(swarm.ROLE_TOKENS)))
+                calls.append(("create", rng.choice(ROLE_TOKENS)))
                 n += 1
             elif kind == "assign" and len(busy) < n:
                 k = rng.choice([i for i in range(n) if i not in busy])
@@ -401,7 +402,7 @@ def test_critical_steps_of_an_lm_driven_episode_match_the_trace():
         assert ep["critical"] == by_hand == ep["clock"]
         clocks = [ep["tokens"][i + 1] for i, t in enumerate(ep["tokens"][:-1]) if t == TOK["@"]]
         if clocks and not ep["trace"].stages[-1].runs:
-            assert swarm.tok_num(clocks[-1]) == min(ep["clock"], swarm.MAX_NUM) or not ep["answered"]
+            assert tok_num(clocks[-1]) == min(ep["clock"], MAX_NUM) or not ep["answered"]
         delegated += any(len(s.runs) >= 2 for s in stages)
         assert ep["error"] is None
     assert delegated >= 3, "too few delegating episodes for the check to mean anything"

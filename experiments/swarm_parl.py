@@ -1,0 +1,247 @@
+"""Agent Swarm / PARL experiment: the five arms of swarm.py over several seeds, tables and figures.
+
+The claims (Kimi K2.5, arXiv 2602.02276, section 3): outcome reward alone collapses the orchestrator to
+a single agent (serial collapse); a fixed instantiation reward breeds spawning without decomposition
+(spurious parallelism); PARL, r = lambda1 r_parallel + lambda2 r_finish + r_perf with the lambdas
+annealed to 0, keeps a parallel policy that needs 3-4.5x fewer critical steps at equal quality on wide
+tasks. The recipe (SFT warm start, PARL, the arms, the held-out eval) is swarm.py's `train_arms`; this
+file runs it per seed and adds what a single run does not need: an ETA, critical steps to reach a wide
+item-F1 against a single agent with no budget, a multi-seed table, the figures, and the demo with the
+sub-agents' timeline.
+
+    python experiments/swarm_parl.py                   # seed 0: out/swarm_parl/{table.md, training.png, ...}
+    python experiments/swarm_parl.py --seeds 0 1 2     # three seeds, one table ("a / b / c" per cell)
+    python experiments/swarm_parl.py --seeds 0 1 2 --jobs 2    # the seeds in 2 processes
+    python experiments/swarm_parl.py --demo            # one episode of seed 0's PARL-annealed orchestrator
+"""
+import argparse
+import multiprocessing as mp
+import os
+import random
+import shutil
+import sys
+import time
+
+import numpy as np
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import swarm  # noqa: E402
+from swarm_env import EnvConfig, item_f1, serial_calls, task_kind  # noqa: E402
+
+OUT = os.path.join("out", "swarm_parl")
+TARGETS = (0.5, 0.7, 0.9)
+SFT_COST = 0.3   # one SFT step costs about 0.3 PARL updates (measured): the ETA weighs them so
+
+
+class Progress:
+    """Progress with an ETA over a run measured in work units (SFT steps and PARL updates)."""
+
+    def __init__(self, total_units: float):
+        self.total, self.done, self.t0, self.last = total_units, 0.0, time.time(), 0.0
+
+    def __call__(self, seed: int, what: str, i: int, n: int, value: float):
+        self.done += SFT_COST if what == "SFT" else 1
+        now = time.time()
+        if now - self.last > 10 or i + 1 == n:
+            self.last, el = now, now - self.t0
+            eta = el / max(self.done, 1e-9) * (self.total - self.done)
+            print(f"  [{el:5.0f} s | {100 * self.done / self.total:3.0f}% | ETA {eta:4.0f} s] seed {seed} {what} "
+                  f"{i + 1}/{n} {'loss' if what == 'SFT' else 'reward'} {value:.3f}", flush=True)
+
+
+def f1_at_budget(episode: dict, budget: int) -> float:
+    """Item-F1 of the answer had the episode been stopped after `budget` critical steps."""
+    answered = {k: v for k, v in episode["answer"].items() if episode["arrived"][k] <= budget}
+    return item_f1(answered, episode["task"]["gold"])
+
+
+def budget_to_reach(episodes: list, target: float, max_budget: int = 400):
+    """Smallest critical-step budget at which mean item-F1 over `episodes` reaches `target` (Fig. 8 style)."""
+    for b in range(1, max_budget + 1):
+        if np.mean([f1_at_budget(ep, b) for ep in episodes]) >= target:
+            return b
+    return None
+
+
+def run_seed(seed: int, hp: dict, out_dir: str, progress) -> dict:
+    """One seed: swarm.train_arms, the reference single agent with no budget, the budgets to reach F1."""
+    torch.set_num_threads(1)
+    res, sft = swarm.train_arms(seed, **hp, log=lambda *a: progress(seed, *a))
+    swarm_ckpt = os.path.join(out_dir, f"orchestrator_seed{seed}.pt")
+    torch.save(res["PARL, annealed"]["model"].state_dict(), swarm_ckpt + ".tmp")
+    os.replace(swarm_ckpt + ".tmp", swarm_ckpt)
+    # the reference for "critical steps to reach an item-F1": a single agent doing every item itself with
+    # no budget (the scripted traces the SFT imitates), since the single-agent arm stops at the budget
+    long_cfg, rng = EnvConfig(critical_budget=400), random.Random(seed)
+    wide = [ep for ep in res["single agent"]["eval"] if task_kind(ep["task"]) == "wide"]
+    ref = [swarm.play(ep["task"], swarm.encode_calls(serial_calls(ep["task"], rng, long_cfg)), long_cfg) for ep in wide]
+    out = {"serial, no budget": {"need": {x: budget_to_reach(ref, x) for x in TARGETS}, "wide": ref}, "sft": sft}
+    for name, r in res.items():
+        r.pop("model")
+        r["wide"] = [ep for ep in r["eval"] if task_kind(ep["task"]) == "wide"]
+        r["need"] = {x: budget_to_reach(r["wide"], x) for x in TARGETS}
+        out[name] = r
+    return out
+
+
+def table(per_seed: list, arms) -> str:
+    """Every arm a row, every cell the seeds' values separated by ' / '."""
+    header = [c[0] for c in swarm.COLUMNS] + [f"crit. steps to wide F1 {x} (x fewer than single)" for x in TARGETS]
+    lines = ["| arm | " + " | ".join(header) + " |", "|---" * (len(header) + 1) + "|"]
+    for name in arms:
+        cols = list(zip(*[swarm.cells(r[name]["summary"]) for r in per_seed]))
+        for x in TARGETS:
+            col = []
+            for r in per_seed:
+                b, b1 = r[name]["need"][x], r["serial, no budget"]["need"][x]
+                col.append("-" if b is None else f"{b}" + ("" if b1 is None else f" ({b1 / b:.1f}x)"))
+            cols.append(col)
+        lines.append(f"| {name} | " + " | ".join(" / ".join(c) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+def plots(per_seed: list, arms, seeds, out_dir: str):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = dict(zip(arms, ["k", "tab:blue", "tab:orange", "tab:green", "tab:red"]))
+    keys = [("reward", "reward r (sampled)"), ("wide_f1", "item-F1 (wide, sampled)"),
+            ("wide_critical", "critical steps (wide)"), ("narrow_agents", "sub-agents / task (narrow)"),
+            ("wide_agents", "sub-agents / task (wide)"), ("deep_agents", "sub-agents / task (deep)"),
+            ("narrow_finish", "sub-agent finish rate (narrow)"), ("tokens", "episode length (tokens)")]
+    fig, axes = plt.subplots(2, 4, figsize=(18, 7))
+    for ax, (key, title) in zip(axes.flat, keys):
+        for s_i, res in enumerate(per_seed):
+            for name in arms:
+                h = res[name]["history"]
+                if h:
+                    ax.plot([r["update"] for r in h], [r.get(key, np.nan) for r in h], color=colors[name],
+                            alpha=1.0 if s_i == 0 else 0.4, label=name if s_i == 0 else None)
+                elif key not in ("reward", "tokens") and s_i == 0:
+                    ax.axhline(res[name]["summary"].get(key, np.nan), color="k", ls="--", lw=1, label=name + " (SFT)")
+        ax.set_title(title)
+        ax.set_xlabel("PARL update")
+    axes.flat[1].legend(fontsize=7)
+    fig.suptitle(f"LM orchestrator, PARL arms (seeds {', '.join(map(str, seeds))}; faint = later seeds)")
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "training.png"), dpi=100)
+    plt.close(fig)
+
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    budgets = range(1, 121)
+    for name in list(arms) + ["serial, no budget"]:
+        wide = per_seed[0][name]["wide"]
+        ax.plot(list(budgets), [np.mean([f1_at_budget(ep, b) for ep in wide]) for b in budgets],
+                color=colors.get(name, "gray"), ls="-" if name in arms else ":", label=name)
+    ax.set(xlabel="critical-step budget", ylabel="item-F1", title=f"wide tasks: item-F1 vs critical steps (seed {seeds[0]})")
+    ax.axvline(EnvConfig.critical_budget, color="gray", ls=":", lw=1)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "f1_vs_critical_steps.png"), dpi=100)
+    plt.close(fig)
+
+
+def _seed_job(job):
+    seed, hp, out_dir, total = job
+    return run_seed(seed, hp, out_dir, Progress(total))
+
+
+def run_experiment(seeds, hp: dict, out_dir: str = OUT, jobs: int = 1, figure: bool = False):
+    os.makedirs(out_dir, exist_ok=True)
+    arms = hp.get("arms", swarm.ARMS)
+    n_trained = sum(a[0] for a in arms.values())
+    per_seed_units = SFT_COST * hp["sft_steps"] + n_trained * hp["steps"]
+    t0 = time.time()
+    if jobs > 1:
+        with mp.get_context("fork").Pool(jobs) as pool:
+            per_seed = pool.map(_seed_job, [(s, hp, out_dir, per_seed_units) for s in seeds])
+    else:
+        progress = Progress(len(seeds) * per_seed_units)
+        per_seed = [run_seed(s, hp, out_dir, progress) for s in seeds]
+    oc = swarm.orchestrator_config()
+    n_params = sum(p.numel() for p in swarm.GPT(oc).parameters())
+    refs = " / ".join(", ".join(str(r["serial, no budget"]["need"][x]) for x in TARGETS) for r in per_seed)
+    note = (f"LM orchestrator ({n_params / 1e3:.0f}k params, pattern {oc.pattern}, {oc.n_layer} layers, width "
+            f"{oc.n_embd}); recipe: {', '.join(f'{k} {v}' for k, v in hp.items() if k != 'arms')}; greedy eval on "
+            f"{hp['n_eval']} held-out tasks per seed (critical budget {EnvConfig.critical_budget}). 'crit. steps to "
+            f"wide F1 x': the smallest budget at which the arm's mean item-F1 on the wide eval tasks reaches x (from "
+            f"the steps at which items arrived), in brackets how many times fewer than a single agent doing every "
+            f"item itself with no budget needs ({refs} for F1 {', '.join(map(str, TARGETS))}). "
+            f"Total {time.time() - t0:.0f} s wall.\n\n")
+    text = note + table(per_seed, arms)
+    with open(os.path.join(out_dir, "table.md"), "w") as f:
+        f.write(text + "\n")
+    print(text, flush=True)
+    plots(per_seed, arms, list(seeds), out_dir)
+    if figure:
+        shutil.copy(os.path.join(out_dir, "training.png"), os.path.join(ROOT, "figures", "swarm_training.png"))
+    return per_seed
+
+
+def timeline(episode: dict, width: int = 50) -> str:
+    """The sub-agents' parallel timeline, stage by stage, in critical steps (one column per step).
+    Consecutive stages in which the orchestrator worked alone are shown as one line."""
+    lines, t = [], 0
+    stages = episode["trace"].stages
+    t0 = min((r.t_start for st in stages for r in st.runs), default=0.0)   # wall clock: the runs really overlap
+    alone = None                                                           # [first stage, steps] of solo stages
+    for i, st in enumerate(stages):
+        cost = st.critical_steps
+        if not st.runs:
+            alone = alone or [i, t]
+            t += cost
+            continue
+        if alone:
+            lines.append(f"stages {alone[0]}-{i - 1}: the orchestrator alone, critical steps {alone[1]} -> {t}")
+            alone = None
+        lines.append(f"stage {i}: orchestrator {st.main_steps} step(s), {len(st.runs)} sub-agent(s), "
+                     f"critical steps {t} -> {t + cost}")
+        for r in st.runs:
+            items = r.task.get("entities") or []
+            what = f"{len(items)} items" if r.task.get("kind") == "lookup" else f"{r.task.get('hops')} hops"
+            bar = " " * min(t + st.main_steps, width) + "#" * min(r.steps, width)
+            wall = f"{(r.t_start - t0) * 1e3:4.0f}-{(r.t_end - t0) * 1e3:4.0f} ms"
+            lines.append(f"   {r.agent:<4} {what:<9} {r.steps:>3} steps {'done' if r.finished and r.message else 'none'} "
+                         f"{wall} |{bar}")
+        t += cost
+    if alone:
+        lines.append(f"stages {alone[0]}-{len(stages) - 1}: the orchestrator alone, critical steps {alone[1]} -> {t}")
+    lines.append(f"critical steps {episode['critical']} (trace), total steps {episode['total']}, "
+                 f"episode wall time {episode['wall_s'] * 1e3:.0f} ms (decoding included)")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                 epilog=__doc__.split("\n\n")[-1])
+    ap.add_argument("--demo", action="store_true", help="one episode of the PARL-annealed orchestrator, with its timeline")
+    ap.add_argument("--seed", type=int, default=0, help="one seed (for --demo: whose orchestrator to load)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=None, help="several seeds, one table (overrides --seed)")
+    ap.add_argument("--jobs", type=int, default=1, help="processes running seeds side by side")
+    ap.add_argument("--out_dir", default=OUT, help=f"output folder (default {OUT})")
+    ap.add_argument("--figure", action="store_true", help="also copy training.png to figures/swarm_training.png")
+    ap.add_argument("--steps", type=int, default=25, help="PARL updates per trained arm")
+    ap.add_argument("--sft_steps", type=int, default=80, help="SFT steps (shared by the arms of a seed)")
+    ap.add_argument("--tasks_per_update", type=int, default=6)
+    ap.add_argument("--group_size", type=int, default=6, help="samples per task (group baseline)")
+    ap.add_argument("--lr", type=float, default=3e-3, help="PARL learning rate (MuonClip)")
+    ap.add_argument("--sft_lr", type=float, default=3e-3)
+    ap.add_argument("--serial_prior", type=float, default=0.8, help="SFT target weight on the trace's token")
+    ap.add_argument("--format_frac", type=float, default=0.15, help="share of tool-format examples in SFT")
+    ap.add_argument("--lambda1", type=float, default=0.2, help="initial weight of r_parallel")
+    ap.add_argument("--lambda2", type=float, default=0.4, help="initial weight of r_finish")
+    ap.add_argument("--anneal_frac", type=float, default=0.6, help="lambdas reach 0 at this fraction of updates")
+    ap.add_argument("--n_eval", type=int, default=60, help="held-out tasks per seed")
+    args = ap.parse_args()
+    if args.demo:
+        torch.set_num_threads(1)
+        print(timeline(swarm.demo(os.path.join(args.out_dir, f"orchestrator_seed{args.seed}.pt"))))
+    else:
+        hp = {k: getattr(args, k) for k in ("sft_steps", "steps", "tasks_per_update", "group_size", "lr", "sft_lr",
+                                            "serial_prior", "format_frac", "n_eval")}
+        hp["arms"] = swarm.make_arms(args.lambda1, args.lambda2, args.anneal_frac)
+        run_experiment(tuple(args.seeds or [args.seed]), hp, args.out_dir, args.jobs, args.figure)

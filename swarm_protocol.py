@@ -1,0 +1,167 @@
+"""The orchestrator's token protocol for swarm.py: vocabulary, calls as tokens, their text form, and
+the grammar (which tokens may come next, and a clear error for one that may not).
+
+Support module for swarm.py, whose docstring shows the protocol; an 84-token vocabulary:
+
+    specials   <pad> <bos> <task> lookup chain | <create> researcher fact-checker coder <assign> <self>
+               <wait> <answer> <res> me @ <end> <err>
+    agents     a0 .. a15            the names create_subagent gives, in order
+    numbers    0 .. 48              item indices, task widths, fact counts, the clock
+
+A call is a tuple, ("create", role) | ("assign", k, lo, hi) | ("self", lo, hi) | ("wait",) | ("answer",),
+and `encode_call` writes it as tokens. `CallParser` reads the orchestrator's tokens one at a time,
+knowing what the runtime knows (task width, agents created, who is busy in the open stage): `legal()`
+lists the tokens that may come next (the grammar mask for decoding), `feed()` returns each call when
+its last token arrives and raises a ProtocolError, with the reason, for a malformed one. `render` and
+`from_text` convert between token ids and text.
+"""
+
+MAX_AGENTS, MAX_NUM = 16, 48
+SPECIALS = ["<pad>", "<bos>", "<task>", "lookup", "chain", "|", "<create>", "researcher", "fact-checker", "coder",
+            "<assign>", "<self>", "<wait>", "<answer>", "<res>", "me", "@", "<end>", "<err>"]
+VOCAB = SPECIALS + [f"a{i}" for i in range(MAX_AGENTS)] + [str(n) for n in range(MAX_NUM + 1)]
+TOK = {s: i for i, s in enumerate(VOCAB)}
+PAD = TOK["<pad>"]
+ROLE_TOKENS = ("researcher", "fact-checker", "coder")
+ENV_ONLY = ("<bos>", "<task>", "lookup", "chain", "|", "<res>", "me", "@", "<end>", "<err>", "<pad>")
+ARGS = {"<create>": ("role",), "<assign>": ("agent", "lo", "hi"), "<self>": ("lo", "hi"), "<wait>": (),
+        "<answer>": ()}                         # each call's argument slots
+CALLS = tuple(ARGS)
+PROMPT_LEN = 5                                  # <bos> <task> FAMILY W |
+
+
+def num_tok(n: int) -> int:
+    if not 0 <= n <= MAX_NUM:
+        raise ValueError(f"number {n} outside the protocol's 0..{MAX_NUM}")
+    return TOK[str(n)]
+
+
+def tok_num(t: int) -> int | None:
+    """The number a token stands for, or None."""
+    return int(VOCAB[t]) if VOCAB[t].isdigit() else None
+
+
+def tok_agent(t: int) -> int | None:
+    s = VOCAB[t]
+    return int(s[1:]) if s[0] == "a" and s[1:].isdigit() else None
+
+
+def encode_call(call: tuple) -> list:
+    """("create", role) | ("assign", k, lo, hi) | ("self", lo, hi) | ("wait",) | ("answer",) -> token ids."""
+    head = f"<{call[0]}>"
+    if head not in ARGS or len(call) != 1 + len(ARGS[head]):
+        raise ValueError(f"unknown call {call!r}")
+    return [TOK[head]] + [TOK[v] if slot == "role" else TOK[f"a{v}"] if slot == "agent" else num_tok(v)
+                          for slot, v in zip(ARGS[head], call[1:])]
+
+
+def encode_calls(calls) -> list:
+    return [t for call in calls for t in encode_call(call)]
+
+
+def render(ids, is_action=None) -> str:
+    """Token ids as text, a line per call. With is_action, each run of environment tokens after the
+    prompt is shown in [brackets] on the line of the call it answers."""
+    lines, env_open = [], False
+    for i, t in enumerate(ids):
+        s = VOCAB[t]
+        env = is_action is not None and not is_action[i] and i >= PROMPT_LEN
+        if env_open and not env:
+            lines[-1][-1] += "]"
+        if s in CALLS and not env or not lines:
+            lines.append([])
+        lines[-1].append("[" + s if env and not env_open else s)
+        env_open = env
+    return "\n".join(" ".join(words) for words in lines) + ("]" if env_open else "")
+
+
+def from_text(text: str) -> list:
+    """Inverse of render (brackets and line breaks ignored)."""
+    words = text.replace("[", " ").replace("]", " ").split()
+    if any(w not in TOK for w in words):
+        raise ValueError(f"unknown token {next(w for w in words if w not in TOK)!r}")
+    return [TOK[w] for w in words]
+
+
+class ProtocolError(ValueError):
+    """A malformed call. It ends the episode (reward 0), not the process."""
+
+
+class CallParser:
+    """Reads the orchestrator's tokens one at a time; returns each call when its last token arrives.
+
+    Knows what the runtime knows (task width, agents created, who is busy in the open stage), so it can
+    both reject a malformed call and list the legal next tokens for constrained decoding (`legal`).
+    """
+
+    def __init__(self, width: int, max_agents: int = MAX_AGENTS):
+        self.width, self.max_agents = width, max_agents
+        self.n_created, self.busy, self.stage_open = 0, set(), False
+        self.partial: list = []
+
+    def legal(self) -> list:
+        """Token ids that may come next."""
+        p = self.partial
+        if not p:
+            ok = ["<answer>"] + ["<create>"] * (self.n_created < self.max_agents) \
+                + ["<assign>"] * (len(self.busy) < self.n_created) + ["<wait>" if self.stage_open else "<self>"]
+            return [TOK[s] for s in ok]
+        slot = ARGS[VOCAB[p[0]]][len(p) - 1]
+        if slot == "role":
+            return [TOK[r] for r in ROLE_TOKENS]
+        if slot == "agent":
+            return [TOK[f"a{k}"] for k in range(self.n_created) if k not in self.busy]
+        return [num_tok(n) for n in range(0 if slot == "lo" else tok_num(p[-1]), self.width)]
+
+    def feed(self, t: int):
+        """Add one token; returns the finished call tuple, or None while the call is incomplete."""
+        if not 0 <= t < len(VOCAB):
+            raise ProtocolError(f"token id {t} is not in the vocabulary")
+        if VOCAB[t] in ENV_ONLY:
+            raise ProtocolError(f"{VOCAB[t]} is written by the environment, not by the orchestrator")
+        if t not in self.legal():
+            raise ProtocolError(self._why(t))
+        p = self.partial
+        p.append(t)
+        if len(p) <= len(ARGS[VOCAB[p[0]]]):
+            return None
+        kind, self.partial = VOCAB[p[0]][1:-1], []
+        call = (kind,) + tuple(VOCAB[x] if VOCAB[x] in ROLE_TOKENS else int(VOCAB[x].lstrip("a")) for x in p[1:])
+        if kind == "create":
+            self.n_created += 1
+        elif kind == "assign":
+            self.busy.add(call[1])
+            self.stage_open = True
+        elif kind == "wait":
+            self.busy, self.stage_open = set(), False
+        return call
+
+    def _why(self, t: int) -> str:
+        s, p = VOCAB[t], self.partial
+        if not p:
+            return {"<assign>": "<assign> with no free agent: <create> one first (or <wait> to free them)",
+                    "<self>": "<self> while sub-agents are running: <wait> for them first",
+                    "<wait>": "<wait> with nothing assigned",
+                    "<create>": f"<create>: already {self.max_agents} agents"}.get(
+                        s, f"expected a call ({', '.join(CALLS)}), got {s!r}")
+        slot, where = ARGS[VOCAB[p[0]]][len(p) - 1], " ".join(VOCAB[x] for x in p + [t])
+        k, n = tok_agent(t), tok_num(t)
+        if slot == "role":
+            return f"{where}: expected a role ({', '.join(ROLE_TOKENS)})"
+        if slot == "agent" and k is None:
+            return f"{where}: expected an agent name"
+        if slot == "agent":
+            return f"{where}: " + (f"unknown agent a{k} (created: {self.n_created})" if k >= self.n_created
+                                   else f"a{k} is already busy in this stage")
+        if n is None:
+            return f"{where}: expected an item number"
+        return f"{where}: item {n} outside the task's items 0..{self.width - 1} or before the range start"
+
+
+def parse_calls(ids, width: int) -> list:
+    """A whole stream of orchestrator tokens -> calls (strict: raises ProtocolError)."""
+    parser = CallParser(width)
+    calls = [c for c in map(parser.feed, ids) if c is not None]
+    if parser.partial:
+        raise ProtocolError(f"stream ends inside a call: {' '.join(VOCAB[x] for x in parser.partial)}")
+    return calls
