@@ -199,6 +199,60 @@ def test_reward_terms_on_crafted_episodes():
         parl_reward(_episode(), 0, 0, perf="bleu")
 
 
+def _item_cost(task, i):
+    """Critical steps a single agent spends on item i (search, then read until the fact)."""
+    return run_subagent(scripted_worker, ROLES["researcher"], subtask(task, i, i), 100)[0]
+
+
+def _best_serial_calls(task):
+    """The best a single agent can do: one item per call, in order, while the item still fits the budget
+    with a step to spare for the reply (an oracle: it knows each item's cost in advance)."""
+    calls, t = [], 0
+    for i in range(task["width"]):
+        if t + _item_cost(task, i) > EnvConfig.critical_budget - 1:
+            break
+        t += _item_cost(task, i)
+        calls.append(("self", i, i))
+    return calls + [("answer",)]
+
+
+def _split_calls(task, n, role="researcher"):
+    """n sub-agents of one role, the items cut into n near-equal contiguous ranges, one wait, answer."""
+    W = task["width"]
+    k = min(n, W)
+    b = [i * W // k for i in range(k + 1)]
+    return [("create", role)] * k + [("assign", i, b[i], b[i + 1] - 1) for i in range(k)] + [("wait",), ("answer",)]
+
+
+def test_a_hand_written_parallel_episode_beats_the_best_serial_one_under_the_budgets():
+    """Under the 40-step critical budget and the 24-step sub-agent cap, 16 researchers on near-equal
+    ranges answer every wide task in full in a third of the critical steps, while the best single agent
+    runs out of budget: the environment lets a decomposition pay, so PARL has something to find."""
+    tasks = [make_task(random.Random(100 + i), "lookup", w) for i, w in enumerate(range(12, 49, 3))]
+    par, ser = [], []
+    for task in tasks:
+        p, s = play(task, _stream(_split_calls(task, 16))), play(task, _stream(_best_serial_calls(task)))
+        assert p["answered"] and s["answered"] and p["n_finished"] == p["n_assigned"] == min(16, task["width"])
+        assert p["f1"] == 1.0 and p["critical"] <= 15 and s["critical"] <= EnvConfig.critical_budget
+        for lam in ((0.0, 0.0), (0.2, 0.4)):                          # outcome only, and PARL's initial weights
+            assert parl_reward(p, *lam)["r"] >= parl_reward(s, *lam)["r"]
+        margin = parl_reward(p, 0, 0)["r"] - parl_reward(s, 0, 0)["r"]     # a single agent cannot finish these
+        assert margin >= (0.3 if task["width"] >= 30 else 0.15 if task["width"] >= 21 else 0.0), (task["width"], s["f1"])
+        par.append(p)
+        ser.append(s)
+    mean = lambda eps, k: sum(ep[k] for ep in eps) / len(eps)             # noqa: E731
+    assert mean(par, "f1") - mean(ser, "f1") >= 0.2
+    assert mean(par, "critical") * 3 <= mean(ser, "critical")
+    # the budgets bind: one more item than the oracle's loses the serial answer, and 4 agents with 12
+    # items each (up to 48 steps of work) are cut off at their 24-step cap and bring nothing back
+    task = make_task(random.Random(7), "lookup", 48)
+    one_more = _best_serial_calls(task)[:-1]
+    one_more.append(("self", len(one_more), len(one_more)))
+    assert play(task, _stream(one_more + [("answer",)]))["f1"] == 0.0
+    few = play(task, _stream(_split_calls(task, 4)))
+    assert few["n_finished"] < 4 and few["f1"] < 1.0
+
+
 def test_lambdas_anneal_to_zero_then_only_the_outcome_pays():
     total, frac = 100, 0.6
     assert lambda_schedule(0, total, 0.3, frac) == pytest.approx(0.3)
