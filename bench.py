@@ -4,13 +4,15 @@ alternative a user would reach for, as markdown tables of time, rate and peak me
     python bench.py all                  # every section
     python bench.py kda [--threads=N]    # Triton chunk kernel vs SDPA flash attention (and fla when installed)
     python bench.py attnres              # eager vs torch.compile vs the fused Triton op, GB/s
-    python bench.py muonclip             # Newton-Schulz, the max-logit kernel, the optimizer step's share
+    python bench.py muonclip             # Newton-Schulz, the max-logit kernel, attention + max logit fused,
+                                         # the optimizer step's share
     python bench.py swarm                # the sub-agent runtime's overhead per step
 
 On CUDA each section runs the full shapes in bf16; on CPU small shapes in float32, without the Triton
-rows (the interpreter is a correctness tool, not a speed path). A rate is followed by its share of the
-device's peak: dense bf16 FLOP/s from kernels.launch.PEAK_TFLOPS (the table MFU uses), or memory
-bandwidth from kernels.launch.PEAK_GBS; no share is shown where the peak is unknown (CPU).
+rows (the interpreter is a correctness tool, not a speed path; the one exception, the fused attention,
+runs there for its error column). A rate is followed by its share of the device's peak: dense bf16
+FLOP/s from kernels.launch.PEAK_TFLOPS (the table MFU uses), or memory bandwidth from
+kernels.launch.PEAK_GBS; no share is shown where the peak is unknown (CPU).
 """
 import argparse
 import concurrent.futures as cf
@@ -23,8 +25,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from kernels.launch import PEAK_GBS, peak_flops
 CUDA = torch.cuda.is_available()
+if not CUDA:  # the fused-attention row runs its kernel in Triton's interpreter on CPU: a correctness check
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+from kernels.launch import PEAK_GBS, peak_flops  # noqa: E402 (Triton reads TRITON_INTERPRET when first imported)
 DEVICE = "cuda" if CUDA else "cpu"
 PEAK_TFLOPS_FLAG = 0.0   # --peak_tflops: the device's peak when kernels.launch.PEAK_TFLOPS does not know it
 
@@ -35,6 +39,9 @@ ATTNRES_CUDA = [(4, 768, 8192), (8, 1024, 16384), (8, 2048, 16384), (16, 2048, 8
 NS_CUDA = [(1024, 1024), (2048, 2048), (4096, 4096), (8192, 8192), (1024, 4096), (4096, 1024), (2048, 8192),
            (8 * 768, 768)]
 MAX_LOGIT_CUDA = [(8, 12, 12, 1024, 64), (4, 16, 4, 2048, 128), (1, 16, 16, 8192, 64)]   # B, H, Hkv, T, Dh
+# attention + max logit, fused vs SDPA + the separate pass: (B, H, Hkv, T, Dh, causal); the last is the ViT's
+ATTENTION_CUDA = [(16, 8, 8, 512, 64, True), (8, 12, 12, 1024, 64, True), (4, 16, 4, 2048, 128, True),
+                  (1, 16, 16, 8192, 64, True), (256, 4, 4, 64, 32, False)]
 OPTIMIZER_STAND_IN_CUDA = (768, 12, 16 * 1024)                               # width, blocks, tokens
 
 
@@ -258,7 +265,57 @@ def bench_muonclip():
     print("### Per-head max logit (ms): explicit logits vs the online Triton kernel vs an SDPA forward for scale\n")
     table(["B, H, Hkv, T, Dh", "reference (T x T)", "Triton (online)", "SDPA causal forward",
            "peak MiB ref / Triton"], rows)
+    _attention_max_logit_rows(max_logit, max_logit_ref)
     _optimizer_step_share(MuonClip)
+
+
+def _attention_max_logit_rows(max_logit, max_logit_ref):
+    """Attention + max logit as a training forward needs them: SDPA + the separate max-logit pass (what
+    model.py runs without the fused kernel: the Triton max-logit kernel on CUDA, the reference on CPU) vs the
+    fused kernel (kernels/attention.py), forward and forward+backward, and the fused path's largest error."""
+    from muonclip import attention_max_logit
+    dt = torch.bfloat16 if CUDA else torch.float32
+    rows = []
+    for B, H, Hkv, T, Dh, causal in ATTENTION_CUDA if CUDA else [(2, 4, 2, 96, 32, True), (8, 2, 2, 16, 16, False)]:
+        gen = torch.Generator().manual_seed(0)
+        q, do = (torch.randn(B, H, T, Dh, generator=gen).to(DEVICE, dt) for _ in range(2))
+        k, v = (torch.randn(B, Hkv, T, Dh, generator=gen).to(DEVICE, dt) for _ in range(2))
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        scale = Dh ** -0.5
+
+        def separate(q, k, v):
+            kk, vv = (x.repeat_interleave(H // Hkv, dim=1) for x in (k, v))         # as model._attend does
+            y = F.scaled_dot_product_attention(q, kk, vv, is_causal=causal)
+            return y, max_logit(q.detach(), k.detach(), scale, "triton" if CUDA else "ref", causal)
+
+        def fused(q, k, v):
+            return attention_max_logit(q, k, v, scale, causal)
+        times = []
+        for fn in (separate, fused):
+            with torch.no_grad():
+                fwd, _ = measure(lambda: fn(q, k, v))
+            fb, fb_mib = measure(lambda: fn(*leaves)[0].backward(do))
+            times.append((fwd, fb, fb_mib))
+        # the fused path's error against the float32 reference (SDPA, max_logit_ref) on the same inputs
+        ref_leaves = [x.detach().float().requires_grad_() for x in (q, k, v)]
+        for x in leaves:
+            x.grad = None                                                            # the timed calls added up
+        (o_ref, _), (o, m) = separate(*ref_leaves), fused(*leaves)
+        o_ref.backward(do.float())
+        o.backward(do)
+        m_ref = max_logit_ref(ref_leaves[0], ref_leaves[1], scale, causal)
+        err = [(a.float() - b).abs().max().item() for a, b in ((o, o_ref), (m, m_ref), (leaves[0].grad, ref_leaves[0].grad))]
+        (sep_fwd, sep_fb, sep_mib), (fused_fwd, fused_fb, fused_mib) = times
+        speedup = "-" if isinstance(sep_fb, str) or isinstance(fused_fb, str) else f"{sep_fb / fused_fb:.2f}x"
+        rows.append([f"{B}, {H}, {Hkv}, {T}, {Dh}, {'causal' if causal else 'bidir'}", ms(sep_fwd), ms(fused_fwd),
+                     ms(sep_fb), ms(fused_fb), speedup if CUDA else "- (interpreter)", f"{mib(sep_mib)} / {mib(fused_mib)}",
+                     " / ".join(f"{e:.1e}" for e in err)])
+    print("### attention + max logit: fused vs SDPA + separate pass (ms)\n")
+    if not CUDA:
+        print("CPU: the fused kernel runs in Triton's interpreter, so its times say nothing; the error column checks it\n")
+    table(["B, H, Hkv, T, Dh, mask", "SDPA + separate pass fwd", "fused fwd", "SDPA + separate pass fwd+bwd",
+           "fused fwd+bwd", "fwd+bwd speed-up", "fwd+bwd peak MiB separate / fused",
+           f"fused max abs error o / max logit / dq ({str(dt).replace('torch.', '')} vs float32 reference)"], rows)
 
 
 def _optimizer_step_share(MuonClip):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from attnres import AttnResStream
 from kda import KimiDeltaAttention, kda_flops_per_token
-from muonclip import max_logit
+from muonclip import attention_max_logit, fused_attention, max_logit
 from vision import EarlyFusion, apply_rope, rope_angles
 
 
@@ -111,7 +111,8 @@ def apply_rope_at(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Ten
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head causal attention through SDPA; grouped KV heads; RoPE or NoPE; a KV cache.
+    """Multi-head causal attention through SDPA; grouped KV heads; RoPE or NoPE; a KV cache. A training
+    forward that records max logits (QK-Clip) on the Triton backend uses the fused attention kernel instead.
 
     The cache dict holds preallocated buffers "k", "v" [B, Hkv, capacity, Dh] and "len" (tokens held).
     Capacity is cache["max_len"] when the caller sets it before the first call, else block_size; a full
@@ -140,9 +141,17 @@ class CausalSelfAttention(nn.Module):
             pos = torch.arange(past, past + T, device=x.device)                          # [T]
             q, k = apply_rope_at(q, pos, self.rope_theta), apply_rope_at(k, pos, self.rope_theta)
         if self.record_max_logit and self.training:
+            # a training forward (no cache) on Triton: attention and max logit from one kernel, no extra QKᵀ pass
+            fused = cache is None and fused_attention(self.backend, q)
+            if fused:
+                y, new = attention_max_logit(q, k, v, self.head_dim ** -0.5)          # [B, H, T, Dh], [B, H]
+            else:
+                new = max_logit(q.detach(), k.detach(), self.head_dim ** -0.5, self.backend)  # [B, H]
             # max over the batch; over micro-steps too, until the optimizer reads and resets it
-            new = max_logit(q.detach(), k.detach(), self.head_dim ** -0.5, self.backend).amax(dim=0)  # [H]
+            new = new.amax(dim=0)                                                      # [H]
             self.max_logit = new if self.max_logit is None else torch.maximum(self.max_logit, new)
+            if fused:
+                return self.o_proj(y.transpose(1, 2).flatten(2))                      # [B, T, H*Dh]
         if cache is not None:
             k, v = self._cache_append(cache, k, v)                                     # [B, Hkv, past+T, Dh]
         if past == 0 or T == 1:  # no cache, or a one-token step (a single query may see every cached key)

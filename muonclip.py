@@ -115,7 +115,7 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, backend: str = "auto", dtype:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Per-head max logit (what QK-Clip reads): explicit reference and the online Triton kernel
+# Per-head max logit (what QK-Clip reads): reference, online Triton kernel, fused attention that returns it
 
 def _check_max_logit_args(q, k, scale, backend):
     _require(isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim == 4 and k.ndim == 4,
@@ -158,6 +158,20 @@ def max_logit(q: torch.Tensor, k: torch.Tensor, scale: float, backend: str = "au
         return max_logit_ref(q, k, scale, causal)
     from kernels.max_logit import max_logit_triton
     return max_logit_triton(q.detach(), k.detach(), float(scale), causal)
+
+
+def fused_attention(backend: str, q: torch.Tensor) -> bool:
+    """Whether a training forward that records max logits runs attention_max_logit (one pass) instead of
+    SDPA + max_logit: the backend resolves to Triton (auto: CUDA, head dim within the kernel's 128)."""
+    return backend == "triton" or (backend == "auto" and q.is_cuda and q.shape[-1] <= 128)
+
+
+def attention_max_logit(q, k, v, scale: float, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention o [B, H, T, Dh] of q [B, H, T, Dh] over k, v [B, Hkv, T, Dh] (causal or all pairs)
+    and the per-head max logit [B, H] in one Triton pass (kernels/attention.py): the online softmax's row
+    maxima are the logits' row maxima, so no second QKᵀ. Differentiable in q, k, v (not the max logit)."""
+    from kernels.attention import attention_max_logit_triton
+    return attention_max_logit_triton(q, k, v, scale, causal)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -159,11 +159,17 @@ class _EncoderBlock(nn.Module):
         G, N, D = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(G, N, 3, self.n_head, D // self.n_head).permute(2, 0, 3, 1, 4)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)           # [G, H, N, Dh]
+        y = None
         if self.record_max_logit and self.training:
-            from muonclip import max_logit
-            new = max_logit(q.detach(), k.detach(), self.head_dim ** -0.5, self.backend, causal=False).amax(dim=0)
+            from muonclip import attention_max_logit, fused_attention, max_logit
+            if fused_attention(self.backend, q):    # attention and max logit from one Triton kernel
+                y, new = attention_max_logit(q, k, v, self.head_dim ** -0.5, causal=False)    # [G, H, N, Dh], [G, H]
+            else:
+                new = max_logit(q.detach(), k.detach(), self.head_dim ** -0.5, self.backend, causal=False)
+            new = new.amax(dim=0)
             self.max_logit = new if self.max_logit is None else torch.maximum(self.max_logit, new)
-        y = F.scaled_dot_product_attention(q, k, v)                        # every patch sees the whole image
+        if y is None:
+            y = F.scaled_dot_product_attention(q, k, v)                    # every patch sees the whole image
         x = x + self.proj(y.transpose(1, 2).reshape(G, N, D))
         return x + self.fc_out(F.gelu(self.fc(self.norm2(x))))
 

@@ -21,13 +21,15 @@ tensor-core instruction mix from the PTX: mma.sync / wgmma counted by operand ty
 Fails on: a compile error; shared memory above the card's per-block limit (H100/H200 232,448 B,
 A100 166,912 B); any spill, except in the KDA kernels' float32 accuracy path (PLAN=0: float32 inputs,
 which only tests use; reported); a KDA kernel that the precision plan gives bf16 products
-(kernels.kda.BF16_TENSOR_CORE_KERNELS) compiling to no bf16 tensor-core instruction on the 16-bit path.
+(kernels.kda.BF16_TENSOR_CORE_KERNELS), or a fused-attention kernel (kernels/attention.py) on bf16 inputs,
+compiling to no bf16 tensor-core instruction on the 16-bit path.
 Works with Triton 3.6 and 3.9 (both expose create_function_from_signature and JITFunction._pack_args).
 """
 import argparse
 import contextlib
 import importlib
 import io
+import itertools
 import os
 import pkgutil
 import re
@@ -51,6 +53,12 @@ from triton.runtime.jit import JITFunction, create_function_from_signature  # no
 from kernels.launch import record  # noqa: E402
 
 TARGETS = {90: 232_448, 80: 166_912}   # compute capability -> max dynamic shared memory per block (bytes)
+# tests/test_attention.py's bf16 shapes (B, H, Hkv, T, Dh), restated: importing a test module would switch
+# Triton to its interpreter
+ATTENTION_GPU_TESTS = [(2, 4, 4, 1, 64), (2, 8, 2, 1000, 64), (1, 4, 1, 777, 128), (2, 6, 3, 130, 60)]
+# ... and its float32 tests, which a GPU runs on CUDA tensors (and the model/ViT wiring tests), plus Dh = 128
+ATTENTION_FP32_TESTS = [(2, 2, 2, 1, 16), (2, 4, 2, 63, 32), (1, 4, 1, 100, 60), (1, 2, 2, 130, 64),
+                        (2, 4, 2, 37, 16), (3, 2, 2, 17, 16), (1, 2, 2, 100, 128)]
 BF16, FP32 = torch.bfloat16, torch.float32
 
 
@@ -89,6 +97,22 @@ def _max_logit(B, H, Hkv, T, Dh, dtype, transposed=True, causal=True):
     return run
 
 
+def _attention(B, H, Hkv, T, Dh, dtype, causal=True, transposed=True):
+    """The fused attention + max logit (kernels/attention.py), forward and backward as autograd runs them; q,
+    k, v as model.py passes them ([B, H, T, Dh] views of [B, T, H, Dh] projections) or contiguous;
+    causal=False is the ViT's bidirectional attention (vision.py)."""
+    import kernels.attention as ka
+
+    def run():
+        if transposed:
+            q, k, v = (_meta(B, T, n, Dh, dtype=dtype).transpose(1, 2) for n in (H, Hkv, Hkv))
+        else:
+            q, k, v = (_meta(B, n, T, Dh, dtype=dtype) for n in (H, Hkv, Hkv))
+        o, lse, _ = ka.attention_fwd(q, k, v, Dh ** -0.5, causal)
+        ka.attention_bwd(q, k, v, o, lse, _meta(B, T, H, Dh, dtype=dtype).transpose(1, 2), Dh ** -0.5, causal)
+    return run
+
+
 def _ns(shapes, dtype):
     """Newton-Schulz on matrices of these shapes (a leading batch dim allowed): the two Gram kernels."""
     from kernels.newton_schulz import newton_schulz_triton
@@ -113,8 +137,8 @@ def _attnres(N, M, D, dtype, S=1, backward=True):
 
 def _model(label, c, B, attnres=True):
     """The kernel launches of one training step of model.Config c at batch B under bf16 autocast: KDA
-    layers (float32 gates), the attention layers' max logit, Newton-Schulz on every Muon matrix, and (if
-    `attnres`) block AttnRes reads over a growing number of sources."""
+    layers (float32 gates), the attention layers (fused with their max logit: QK-Clip is on), Newton-Schulz
+    on every Muon matrix, and (if `attnres`) block AttnRes reads over a growing number of sources."""
     from model import GPT
     T, D, H = c.block_size, c.n_embd, c.n_head
     Hkv, Dh = c.n_kv_head or H, D // H
@@ -124,13 +148,13 @@ def _model(label, c, B, attnres=True):
     # Muon matrices: every 2-D Linear weight but the head, stacked by shape as MuonClip orthogonalises them
     mats = sorted({tuple(m.weight.shape) for name, m in model.named_modules()
                    if isinstance(m, torch.nn.Linear) and not name.endswith("lm_head")})
-    work = [(f"{label}: max logit B={B} T={T} H={H} Dh={Dh}", _max_logit(B, H, Hkv, T, Dh, BF16)),
+    work = [(f"{label}: attention + max logit B={B} T={T} H={H} Hkv={Hkv} Dh={Dh}", _attention(B, H, Hkv, T, Dh, BF16)),
             (f"{label}: Newton-Schulz {len(mats)} shapes", _ns(mats, BF16))]
     if c.vision and c.vision_n_layer:  # the ViT's bidirectional max logit, over a 32 x 32 image's patches
         Hv, Dv = c.vision_n_head, c.vision_n_embd // c.vision_n_head
         Nv = (32 // c.vision_patch_size) ** 2
-        work.append((f"{label}: ViT max logit (bidirectional) G={B} N={Nv} H={Hv} Dh={Dv}",
-                     _max_logit(B, Hv, Hv, Nv, Dv, BF16, causal=False)))
+        work.append((f"{label}: ViT attention + max logit (bidirectional) G={B} N={Nv} H={Hv} Dh={Dv}",
+                     _attention(B, Hv, Hv, Nv, Dv, BF16, causal=False)))
     if "K" in c.pattern:
         work.insert(0, (f"{label}: KDA B={B} T={T} H={Hk} K=V={Kk}", _kda(B, T, Hk, Kk, Kk, BF16, FP32, state=False)))
     if attnres:
@@ -172,6 +196,10 @@ def workloads():
                  _ns([(4 * n_layer, d, d), (n_layer, 4 * d, d), (n_layer, d, 4 * d)], BF16)))
     for B, H, Hkv, T, Dh in bench.MAX_LOGIT_CUDA:
         work.append((f"bench.py muonclip: max logit Dh={Dh}", _max_logit(B, H, Hkv, T, Dh, BF16, transposed=False)))
+    # ... and attention + max logit fused, forward and backward (B, H, Hkv, T, Dh, causal) in bf16
+    for B, H, Hkv, T, Dh, causal in bench.ATTENTION_CUDA:
+        work.append((f"bench.py muonclip: attention + max logit T={T} Dh={Dh} causal={causal}",
+                     _attention(B, H, Hkv, T, Dh, BF16, causal, transposed=False)))
     # python bench.py attnres (CUDA): (N, D, tokens) in bf16
     for N, D, M in bench.ATTNRES_CUDA:
         work.append((f"bench.py attnres N={N} D={D}", _attnres(N, M, D, BF16)))
@@ -191,6 +219,10 @@ def workloads():
             for causal in (True, False):
                 work.append((f"test_muonclip max logit Dh={Dh} {dtype} causal={causal}",
                              _max_logit(2, H, Hkv, T, Dh, dtype, transposed=False, causal=causal)))
+    for dtype, shapes in ((BF16, ATTENTION_GPU_TESTS), (FP32, ATTENTION_FP32_TESTS)):   # tests/test_attention.py
+        for (B, H, Hkv, T, Dh), causal in itertools.product(shapes, (True, False)):
+            work.append((f"test_attention {dtype} T={T} Dh={Dh} causal={causal}",
+                         _attention(B, H, Hkv, T, Dh, dtype, causal)))
     for D in (64, 100, 768):
         work.append((f"test_attnres bf16 D={D}", _attnres(9, 3 * 257, D, BF16)))
     work.append(("test_attnres fp32 D=1024", _attnres(8, 4 * 2048, 1024, FP32)))
@@ -345,8 +377,11 @@ def verdict(job, res) -> str:
         # KDA's float32 inputs (PLAN 0) are the accuracy path tests use: exact float32 tiles at K = 128
         # do not fit the registers; reported, not failed
         return "spill (KDA fp32 accuracy path, reported)" if kda and job.get("plan") == 0 else "FAIL spill"
-    if kda and job.get("plan") == 1 and job["name"] in BF16_TENSOR_CORE_KERNELS \
-            and not res.get("mma", {}).get("mma.bf16") and not res.get("mma", {}).get("wgmma.bf16"):
+    # the KDA kernels that the precision plan gives bf16 products, and every fused-attention kernel on bf16
+    # inputs, must multiply on bf16 tensor cores
+    wants_bf16 = (kda and job.get("plan") == 1 and job["name"] in BF16_TENSOR_CORE_KERNELS) or \
+        (job["module"] == "kernels.attention" and job.get("config", "").startswith("bfloat16"))
+    if wants_bf16 and not res.get("mma", {}).get("mma.bf16") and not res.get("mma", {}).get("wgmma.bf16"):
         return "FAIL no bf16 tensor cores"
     return "ok"
 

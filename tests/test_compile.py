@@ -25,8 +25,8 @@ def recorded():
 def test_every_kernel_has_a_recorded_gpu_launch(recorded):
     jobs, hit = recorded
     known = cc.all_kernels()
-    # the four kernel files: 8 KDA kernels, 2 AttnRes, 1 max-logit, 1 Newton-Schulz Gram
-    assert len(known) >= 12, sorted(known)
+    # the five kernel files: 8 KDA kernels, 2 AttnRes, 1 max-logit, 1 Newton-Schulz Gram, 3 fused attention
+    assert len(known) >= 15, sorted(known)
     assert set(known) <= hit, f"kernels no workload launches: {sorted(set(known) - hit)}"
     assert {j["capability"] for j in jobs} == set(cc.TARGETS)
 
@@ -76,6 +76,11 @@ def test_verdict_fails_spills_smem_overflow_and_a_bf16_kda_kernel_without_bf16_t
     assert cc.verdict(dict(kda, name="_cumsum_fwd"), dict(no_spill, mma={})) == "ok"   # no products
     assert cc.verdict(dict(kda, plan=0), dict(no_spill, mma={"mma.tf32": 9})) == "ok"
     assert cc.verdict(kda, dict(error="x")) == "FAIL compile"
+    attention = dict(module="kernels.attention", name="_attn_fwd_kernel", capability=80,
+                     config="bfloat16/float32 IEEE_FP32=False CAUSAL=True BLOCK_M=64")
+    assert cc.verdict(attention, dict(no_spill, mma={"mma.bf16": 64})) == "ok"
+    assert cc.verdict(attention, dict(no_spill, mma={})) == "FAIL no bf16 tensor cores"
+    assert cc.verdict(dict(attention, config="float32 IEEE_FP32=True"), dict(no_spill, mma={})) == "ok"
 
 
 def test_tensor_core_mix_reads_operand_types_from_ptx():

@@ -3,9 +3,9 @@ references, must agree.
 
 The model: Kimi Linear's KKKA pattern (3 KDA layers + 1 attention layer), block Attention Residuals,
 early-fusion image rows, MuonClip with τ below the initial max logit so QK-Clip fires. Built twice from
-one seed, backend="triton" (KDA, AttnRes, max logit, Newton-Schulz all through kernels/) and
-backend="ref"; compared after each of two optimizer steps: the loss, every recorded max logit, every
-parameter's gradient and every updated weight.
+one seed, backend="triton" (KDA, AttnRes, Newton-Schulz and the attention layers, whose max logits come
+from the fused attention kernel, all through kernels/) and backend="ref"; compared after each of two
+optimizer steps: the loss, every recorded max logit, every parameter's gradient and every updated weight.
 
 On CPU the kernels run in the Triton interpreter in float32 (relative RMS error <= 1e-4). On a CUDA
 device (tests/gpu.sh) the same test runs the model in bf16 autocast, whose tolerances are per dtype:
@@ -109,10 +109,19 @@ def compare_backends(dtype: torch.dtype, steps: int = 2):
 
 
 @pytest.mark.slow
-def test_every_idea_triton_matches_reference():
+def test_every_idea_triton_matches_reference(monkeypatch):
+    import kernels.attention
+    import kernels.max_logit
+    fused, separate = [], []   # the causal flag of each fused attention forward; separate max-logit passes
+    fwd, pass_ = kernels.attention.attention_fwd, kernels.max_logit.max_logit_triton
+    monkeypatch.setattr(kernels.attention, "attention_fwd", lambda *a: fused.append(a[4]) or fwd(*a))
+    monkeypatch.setattr(kernels.max_logit, "max_logit_triton", lambda *a: separate.append(a) or pass_(*a))
     dtype = torch.bfloat16 if HAS_CUDA else torch.float32
     failures = compare_backends(dtype)
     assert not failures, f"{len(failures)} mismatches, first 10:\n" + "\n".join(failures[:10])
+    # the Triton model's max logits came from the fused kernel: per step the attention layer (causal) and
+    # the ViT block (bidirectional), and no separate max-logit pass ran
+    assert sorted(fused) == [False, False, True, True] and not separate
 
 
 def test_config_backend_reaches_every_op():
