@@ -226,14 +226,19 @@ def launch_config(Dh: int, dtype: torch.dtype, gpu: bool) -> dict:
         return dict(BLOCK_M=m, BLOCK_N=n, BLOCK_D=block_d, num_warps=warps, num_stages=stages)
     if not gpu:  # the interpreter: several tiles per test sequence, and BLOCK_N != BLOCK_M
         return dict(fwd=tiles(32, 64, 1), dkdv=tiles(32, 64, 1), dq=tiles(32, 64, 1))
-    # Chosen with the compile check (tests/compile_check.py): spill-free on sm_90a and sm_80 at head dims
+    # Chosen with the compile check (tests/compile_check.py), spill-free on sm_90a and sm_80 at head dims
     # 16-128 (60 included). The dK/dV kernel holds the most (two [BLOCK_N, BLOCK_D] float32 accumulators
     # beside k and v): 8 warps and 16-query steps; at 64 x 64 with 4 warps it spilled up to 800 B (bf16)
-    if dtype == torch.float32:  # IEEE float32 products are FMAs on register operands (no tensor cores)
-        small = tiles(32, 32, 4) if block_d <= 64 else tiles(16, 16, 4)
-        return dict(fwd=small, dkdv=tiles(16, 32, 8), dq=small)
-    fwd = tiles(128, 64, 8, 3) if block_d <= 64 else tiles(64, 64, 8)
-    return dict(fwd=fwd, dkdv=tiles(16, 64, 8), dq=tiles(64, 32, 4))
+    if dtype == torch.float32:  # IEEE float32 products are FMAs on register operands (no tensor cores):
+        small = tiles(16, 16, 4)  # 32 x 32 tiles spilled up to 144 B, 8 warps over 16 x 32 up to 12 B
+        fwd = small if block_d <= 64 else tiles(16, 16, 8)  # 4 warps at head dim 128 spilled 12 B (sm_80)
+        return dict(fwd=fwd, dkdv=small, dq=small)
+    # forward: 3 stages at head dim 32 spilled 4 B on sm_80
+    fwd = tiles(128, 64, 8, 3) if block_d == 64 else tiles(128, 64, 8, 2) if block_d < 64 else tiles(64, 64, 8)
+    # dK/dV at head dim 64 (60 padded): 16 x 64 tiles reached 255 registers and spilled 24 B under Triton 3.6;
+    # 16 x 32 with 8 warps was capped at 128 registers and spilled 20 B; 32 x 32 or 32 x 64 with 4 warps spilled
+    dkdv = tiles(16, 32, 4) if block_d == 64 else tiles(16, 64, 8)
+    return dict(fwd=fwd, dkdv=dkdv, dq=tiles(64, 32, 4))
 
 
 def _check(q, k, v, scale):
