@@ -19,9 +19,11 @@ Here the orchestrator is a `model.GPT` (2 attention layers, width 64) that write
 Every reply ends with the clock [@ T], critical steps so far; [<end>]: the budget or the context ran out
 before <answer>, nothing is submitted; [<err>]: a malformed call (ProtocolError), the episode scores 0.
 Decoding is constrained by a grammar mask (CallParser.legal); `rollout` decodes a batch of episodes
-through the KV cache. Training: (a) SFT on scripted single-agent traces plus tool-format examples,
-targets smoothed over the legal tokens; (b) PARL: K samples per task, A = r - mean of the task's group,
-loss = -sum_e A_e sum_t log p / E over the orchestrator's tokens (never the environment's), MuonClip.
+through the KV cache. Training: (a) SFT on scripted traces, half a single agent working alone, half
+decompositions blind to the task (2-16 agents, random role and cuts: some pay, most do not), targets
+smoothed over the legal tokens; (b) PARL: K samples per task, A = (r - group mean) / group std, loss =
+-sum_e A_e sum_t log p / (orchestrator tokens in the batch; never the environment's), MuonClip. The
+single-agent baseline is the SFT model with no <create> in its grammar.
 Closed forms (project choices; the report gives none): r_perf = item-F1, r_parallel = min(n_created,
 16) / 16, r_finish = n_finished / (n_assigned + n_idle), lambda_i(u) = lambda_i0 max(0, 1 - u / (a U)).
 
@@ -47,7 +49,7 @@ import torch.nn.functional as F
 
 from model import GPT, Config
 from muonclip import MuonClip
-from swarm_env import EnvConfig, Session, make_task, sample_tasks, serial_calls, split_calls, summarize
+from swarm_env import EnvConfig, Session, make_task, sample_tasks, decompose_calls, serial_calls, summarize
 from swarm_protocol import MAX_NUM, PAD, TOK, VOCAB, CallParser, ProtocolError, encode_calls, num_tok, render
 
 # --- 1. An episode: tokens in, calls executed by a swarm_env.Session, its replies out as tokens -----
@@ -59,9 +61,9 @@ class Episode:
     legal set at each of them are kept for training."""
 
     def __init__(self, task: dict, cfg: EnvConfig = EnvConfig(), executor="inline", step_delay: float = 0.0,
-                 max_len: int = 240):
+                 max_len: int = 240, solo: bool = False):
         self.env, self.cfg, self.max_len = Session(task, cfg, executor, step_delay), cfg, max_len
-        self.parser = CallParser(task["width"], cfg.max_agents)
+        self.parser = CallParser(task["width"], 0 if solo else cfg.max_agents)   # solo: no sub-agent tools
         self.tokens = [TOK["<bos>"], TOK["<task>"], TOK[task["family"]], num_tok(task["width"]), TOK["|"]]
         self.is_action = [False] * len(self.tokens)
         self.legal_sets, self.calls = [], []     # per orchestrator token: the legal ids when it was chosen
@@ -148,16 +150,17 @@ def orchestrator_config(**overrides) -> Config:
 @torch.no_grad()
 def rollout(model: GPT, tasks: list, cfg: EnvConfig = EnvConfig(), greedy: bool = False,
             generator: torch.Generator | None = None, constrained: bool = True, executor="inline",
-            step_delay: float = 0.0, temperature: float = 1.0) -> list:
+            step_delay: float = 0.0, temperature: float = 1.0, solo: bool = False) -> list:
     """Play len(tasks) episodes at once with the model as orchestrator; returns their result dicts.
 
     Each iteration feeds every live row one chunk: its last sampled token followed by the environment's
     reply (prefill after the cache), right-padded to the longest chunk (valid mask). Without
-    `constrained`, the model may write any token and a malformed call ends its episode.
+    `constrained`, the model may write any token and a malformed call ends its episode. `solo`: the
+    grammar has no <create>, so the model works alone (the single-agent baseline).
     """
     was_training = model.training
     model.eval()
-    eps = [Episode(t, cfg, executor, step_delay, max_len=model.config.block_size - 8) for t in tasks]
+    eps = [Episode(t, cfg, executor, step_delay, max_len=model.config.block_size - 8, solo=solo) for t in tasks]
     caches = [dict() for _ in model.blocks]
     live = list(range(len(eps)))                  # episode index of each batch row
     chunks = [ep.tokens[:] for ep in eps]
@@ -215,17 +218,23 @@ def action_logprobs(model: GPT, episodes: list) -> torch.Tensor:
 
 
 def parl_loss(model: GPT, episodes: list, advantages: torch.Tensor) -> torch.Tensor:
-    """-sum_e A_e * sum_{orchestrator tokens} log p / E: prompt and environment tokens carry no loss."""
-    return -(advantages * action_logprobs(model, episodes).sum(1)).sum() / len(episodes)
+    """-sum_e A_e * sum_{orchestrator tokens} log p / (orchestrator tokens in the batch): each token's
+    credit weighs the same in a short or a long episode; prompt and environment tokens carry no loss."""
+    lp = action_logprobs(model, episodes)                                          # [E, T]
+    n_tokens = sum(sum(ep["is_action"]) for ep in episodes)
+    return -(advantages * lp.sum(1)).sum() / max(n_tokens, 1)
 
 
-def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.8) -> torch.Tensor:
-    """Cross-entropy on the orchestrator's tokens, the target smoothed: serial_prior on the trace's token,
-    1 - serial_prior spread over the legal set, so the model keeps some probability on unseen calls."""
+def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.8, arg_prior: float = 0.98) -> torch.Tensor:
+    """Cross-entropy on the orchestrator's tokens, the target smoothed over the legal set: weight
+    serial_prior on the trace's token where a call begins (which call: the model keeps some probability
+    on calls the trace did not make), arg_prior inside a call (an argument: a split of 16 ranges has 48
+    of them, and 0.8 on each would leave 0.8^48 ~ 1e-5 of the samples on the split the trace wrote)."""
     logp, y, act, legal = _masked_logp(model, episodes)
     logp = torch.where(legal, logp, torch.zeros_like(logp))
-    target = (1 - serial_prior) * legal.float() / legal.sum(-1, keepdim=True).float()
-    target.scatter_add_(2, y[..., None], torch.full_like(target[..., :1], serial_prior))
+    prior = torch.where(legal[..., TOK["<answer>"]], serial_prior, arg_prior)[..., None]   # <answer>: a call head
+    target = (1 - prior) * legal.float() / legal.sum(-1, keepdim=True).float()
+    target.scatter_add_(2, y[..., None], prior.expand_as(target[..., :1]).contiguous())
     return -(target * logp).sum(-1)[act].mean()
 
 
@@ -257,16 +266,21 @@ def parl_reward(episode: dict, lambda1: float, lambda2: float, n_cap: int = 16, 
             "r_perf": r_perf, "r_parallel": r_parallel, "r_finish": r_finish}
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """r - mean over the K samples of the same task (K2.5's baseline; no std normalisation)."""
+def group_advantages(rewards: torch.Tensor, group_size: int, normalize: bool = True) -> torch.Tensor:
+    """(r - mean) / std over the K samples of the same task (GRPO); normalize=False: r - mean only.
+    A group whose rewards are all equal gets advantage 0 (nothing to prefer)."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     r = rewards.view(-1, group_size)                     # [tasks, K]
-    return (r - r.mean(dim=1, keepdim=True)).view(-1)
+    a = r - r.mean(dim=1, keepdim=True)
+    if normalize:
+        a = a / (r.std(dim=1, keepdim=True) + 1e-3)     # a task's scale does not set its weight
+    return a.view(-1)
 
 
 def make_arms(lambda1: float = 0.2, lambda2: float = 0.4, anneal_frac: float = 0.6) -> dict:
-    """The five arms: name -> (trained with PARL, lambda1_init, lambda2_init, anneal_frac or None)."""
+    """The five arms: name -> (trained with PARL, lambda1_init, lambda2_init, anneal_frac or None). The
+    single agent is not trained further and is evaluated without the sub-agent tools (solo)."""
     return {"single agent": (False, 0.0, 0.0, None),
             "outcome only": (True, 0.0, 0.0, None),
             "outcome + fixed r_parallel": (True, lambda1, 0.0, None),
@@ -285,11 +299,12 @@ def _step(opt, loss: torch.Tensor) -> float:
 
 
 def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 3e-3, serial_prior: float = 0.8,
-              format_frac: float = 0.15, seed: int = 0, log=None) -> list:
-    """Stage (a): warm start on single-agent traces, plus a share format_frac of tool-format examples
-    (swarm_env.split_calls: random counts and roles, near-equal splits). Returns the loss per step."""
+              decomp_frac: float = 0.5, seed: int = 0, log=None) -> list:
+    """Stage (a): warm start on single-agent traces and, a share decomp_frac of them, decomposition traces
+    (swarm_env.decompose_calls: 2-16 agents, random roles and cuts, good and bad alike, blind to the
+    task). Returns the loss per step."""
     rng = random.Random(seed)
-    traces = [play(t, encode_calls(split_calls(t, rng) if rng.random() < format_frac else serial_calls(t, rng)))
+    traces = [play(t, encode_calls(decompose_calls(t, rng) if rng.random() < decomp_frac else serial_calls(t, rng)))
               for t in tasks]
     opt = MuonClip.from_model(model, lr=lr, weight_decay=0.0, qk_clip_tau=100.0)
     model.train()
@@ -327,8 +342,8 @@ def train_parl(model: GPT, tasks: list, updates: int, arm=(True, 0.2, 0.4, 0.6),
 # --- 4. One seed of the experiment: the five arms from one shared SFT warm start; the demo ----------
 
 
-def train_arms(seed: int = 0, sft_steps: int = 80, steps: int = 25, tasks_per_update: int = 6, group_size: int = 6,
-               lr: float = 3e-3, sft_lr: float = 3e-3, serial_prior: float = 0.8, format_frac: float = 0.15,
+def train_arms(seed: int = 0, sft_steps: int = 250, steps: int = 40, tasks_per_update: int = 8, group_size: int = 8,
+               lr: float = 3e-3, sft_lr: float = 3e-3, serial_prior: float = 0.97, decomp_frac: float = 0.5,
                arms: dict = ARMS, n_eval: int = 60, cfg: EnvConfig = EnvConfig(), log=None) -> tuple:
     """SFT once, then PARL for each trained arm from that checkpoint; greedy eval on n_eval held-out
     tasks (a third each narrow, wide, deep). Returns ({arm: {model, eval, summary, history}}, SFT losses)."""
@@ -337,14 +352,14 @@ def train_arms(seed: int = 0, sft_steps: int = 80, steps: int = 25, tasks_per_up
     train_tasks = sample_tasks(random.Random(seed), 600, cfg=cfg)
     eval_tasks = sample_tasks(random.Random(10_000 + seed), n_eval, mix=(1 / 3, 1 / 3, 1 / 3), cfg=cfg)
     base = GPT(orchestrator_config())
-    sft = train_sft(base, train_tasks, sft_steps, lr=sft_lr, serial_prior=serial_prior, format_frac=format_frac,
+    sft = train_sft(base, train_tasks, sft_steps, lr=sft_lr, serial_prior=serial_prior, decomp_frac=decomp_frac,
                     seed=seed, log=lambda s, n, loss: log("SFT", s, n, loss))
     results = {}
     for name, arm in arms.items():
         model = copy.deepcopy(base)
         hist = train_parl(model, train_tasks, steps, arm, tasks_per_update, group_size, lr=lr, seed=seed, cfg=cfg,
                           log=lambda u, n, r: log(name, u, n, r)) if arm[0] else []
-        eps = rollout(model, eval_tasks, cfg, greedy=True)
+        eps = rollout(model, eval_tasks, cfg, greedy=True, solo=not arm[0])   # the single agent: no tools
         results[name] = {"model": model, "eval": eps, "summary": summarize(eps), "history": hist}
     return results, sft
 

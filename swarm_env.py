@@ -323,12 +323,39 @@ def serial_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -
     return calls + [("answer",)]
 
 
-def split_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
-    """A tool-format example: 1-16 sub-agents of one random role, the items cut into that many near-equal
-    contiguous ranges (agents beyond the item count stay idle), one wait, then answer. It shows the
-    syntax of splitting; whether to delegate, how many agents, which role, are not in it (all random)."""
-    W, n, role = task["width"], rng.randint(1, cfg.max_agents), rng.choice(list(ROLES))
+def decompose_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
+    """A decomposition trace, as sampling an untrained orchestrator would give one: 2-16 sub-agents of
+    one role (a researcher with probability 0.8, else a random role), the items cut near-equally (3 in 4)
+    or at random points, one trace in four with a range left unassigned; after the wait, the missing items done alone (chunks of 1-6,
+    while the clock leaves room for an item), then answer. Nothing in it depends on the task: some traces
+    pay (enough researchers for the 24-step cap, every item covered), many do not (too few agents, a
+    wrong role, idle agents on a narrow task, a chain cut into ranges no sub-agent can start)."""
+    W, n = task["width"], rng.randint(2, cfg.max_agents)
+    roles = ["researcher" if rng.random() < 0.8 else rng.choice(list(ROLES))] * n
     k = min(n, W)
-    bounds = [i * W // k for i in range(k + 1)]
-    calls = [("create", role)] * n + [("assign", i, bounds[i], bounds[i + 1] - 1) for i in range(k)]
-    return calls + [("wait",), ("answer",)]
+    cuts = [i * W // k for i in range(1, k)] if rng.random() < 0.75 else sorted(rng.sample(range(1, W), k - 1))
+    bounds = [0] + cuts + [W]
+    ranges = [(bounds[i], bounds[i + 1] - 1) for i in range(k)]
+    if k > 1 and rng.random() < 0.25:           # one trace in four leaves a range unassigned
+        ranges.pop(rng.randrange(k))
+    calls = [("create", r) for r in roles] + [("assign", i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
+    session = Session(task, cfg)
+    for r in roles:
+        session.create(r)
+    for i, (lo, hi) in enumerate(ranges):
+        session.assign(i, lo, hi)
+    if ranges:
+        calls.append(("wait",))
+        session.wait()
+    missing = [i for i, item in enumerate(task["items"]) if item not in session.answer]
+    while missing:
+        size = min(rng.randint(1, 6), (cfg.critical_budget - session.t - 1) // 4)
+        if size < 1:
+            break
+        lo = hi = missing[0]
+        while hi + 1 in missing and hi - lo + 1 < size:
+            hi += 1
+        calls.append(("self", lo, hi))
+        session.work(lo, hi)
+        missing = [i for i in missing if task["items"][i] not in session.answer and i > hi]
+    return calls + [("answer",)]

@@ -224,14 +224,14 @@ if __name__ == "__main__":
     ap.add_argument("--jobs", type=int, default=1, help="processes running seeds side by side")
     ap.add_argument("--out_dir", default=OUT, help=f"output folder (default {OUT})")
     ap.add_argument("--figure", action="store_true", help="also copy training.png to figures/swarm_training.png")
-    ap.add_argument("--steps", type=int, default=25, help="PARL updates per trained arm")
-    ap.add_argument("--sft_steps", type=int, default=80, help="SFT steps (shared by the arms of a seed)")
-    ap.add_argument("--tasks_per_update", type=int, default=6)
-    ap.add_argument("--group_size", type=int, default=6, help="samples per task (group baseline)")
+    ap.add_argument("--steps", type=int, default=40, help="PARL updates per trained arm")
+    ap.add_argument("--sft_steps", type=int, default=250, help="SFT steps (shared by the arms of a seed)")
+    ap.add_argument("--tasks_per_update", type=int, default=8)
+    ap.add_argument("--group_size", type=int, default=8, help="samples per task (group baseline)")
     ap.add_argument("--lr", type=float, default=3e-3, help="PARL learning rate (MuonClip)")
     ap.add_argument("--sft_lr", type=float, default=3e-3)
-    ap.add_argument("--serial_prior", type=float, default=0.8, help="SFT target weight on the trace's token")
-    ap.add_argument("--format_frac", type=float, default=0.15, help="share of tool-format examples in SFT")
+    ap.add_argument("--serial_prior", type=float, default=0.97, help="SFT target weight on the trace's call")
+    ap.add_argument("--decomp_frac", type=float, default=0.5, help="share of decomposition traces in SFT")
     ap.add_argument("--lambda1", type=float, default=0.2, help="initial weight of r_parallel")
     ap.add_argument("--lambda2", type=float, default=0.4, help="initial weight of r_finish")
     ap.add_argument("--anneal_frac", type=float, default=0.6, help="lambdas reach 0 at this fraction of updates")
@@ -242,6 +242,6 @@ if __name__ == "__main__":
         print(timeline(swarm.demo(os.path.join(args.out_dir, f"orchestrator_seed{args.seed}.pt"))))
     else:
         hp = {k: getattr(args, k) for k in ("sft_steps", "steps", "tasks_per_update", "group_size", "lr", "sft_lr",
-                                            "serial_prior", "format_frac", "n_eval")}
+                                            "serial_prior", "decomp_frac", "n_eval")}
         hp["arms"] = swarm.make_arms(args.lambda1, args.lambda2, args.anneal_frac)
         run_experiment(tuple(args.seeds or [args.seed]), hp, args.out_dir, args.jobs, args.figure)

@@ -265,9 +265,16 @@ def test_lambdas_anneal_to_zero_then_only_the_outcome_pays():
         lambda_schedule(1, 10, 0.1, 0.0)
 
 
-def test_group_advantages_are_centred_per_task():
-    adv = swarm.group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0, 5.0, 1.0]), 3)
-    assert torch.allclose(adv, torch.tensor([0.0, -1.0, 1.0, -0.667, 2.333, -1.667]), atol=1e-3)
+def test_group_advantages_are_centred_and_scaled_per_task():
+    r = torch.tensor([1.0, 0.0, 2.0, 2.0, 5.0, 1.0, 0.3, 0.3, 0.3])
+    centred = swarm.group_advantages(r, 3, normalize=False)
+    assert torch.allclose(centred, torch.tensor([0.0, -1.0, 1.0, -0.667, 2.333, -1.667, 0, 0, 0]), atol=1e-3)
+    adv = swarm.group_advantages(r, 3)                 # divided by each group's (sample) std
+    assert torch.allclose(adv[:3], torch.tensor([0.0, -1.0, 1.0]) / (1.0 + 1e-3), atol=1e-5)
+    assert torch.allclose(adv[3:6], centred[3:6] / (torch.tensor([2.0, 5.0, 1.0]).std() + 1e-3), atol=1e-5)
+    assert torch.equal(adv[6:], torch.zeros(3))       # all equal: nothing to prefer
+    # a task whose rewards are 10x smaller weighs the same once scaled
+    assert torch.allclose(swarm.group_advantages(r[:3] / 10, 3), adv[:3], atol=1e-2)
     with pytest.raises(ValueError, match="groups of 4"):
         swarm.group_advantages(torch.zeros(6), 4)
 
@@ -437,8 +444,14 @@ def test_parl_loss_masks_prompt_and_environment_tokens():
         masked = torch.full_like(logits[0, i - 1], float("-inf"))
         masked[legal] = logits[0, i - 1, legal]
         manual = manual + torch.log_softmax(masked, -1)[ep["tokens"][i]]
-    loss = swarm.parl_loss(model, [ep], torch.tensor([0.7]))
-    assert loss.item() == pytest.approx(-0.7 * manual.item(), rel=1e-5)
+    loss = swarm.parl_loss(model, [ep], torch.tensor([0.7]))         # per orchestrator token
+    assert loss.item() == pytest.approx(-0.7 * manual.item() / len(actions), rel=1e-5)
+    # two episodes: each token weighs 1 / (all orchestrator tokens), however long its episode
+    short = play(task, _stream([("self", 0, 1), ("answer",)]))
+    both = swarm.parl_loss(model, [ep, short], torch.tensor([0.7, -0.4]))
+    lp_short = swarm.action_logprobs(model, [short])[0].sum()
+    n = len(actions) + sum(short["is_action"])
+    assert both.item() == pytest.approx(-(0.7 * manual.item() - 0.4 * lp_short.item()) / n, rel=1e-4)
     # changing what the environment said changes no loss term of its own: only the orchestrator's tokens count
     assert int((lp != 0).sum()) <= len(actions)
 
@@ -446,8 +459,8 @@ def test_parl_loss_masks_prompt_and_environment_tokens():
 def test_critical_steps_of_an_lm_driven_episode_match_the_trace():
     model = _tiny_model(seed=2)
     tasks = sample_tasks(random.Random(3), 24)
-    # a few steps on tool-format traces only, so that sampled episodes delegate often
-    swarm.train_sft(model, tasks, steps=15, batch=16, lr=1e-2, format_frac=1.0)
+    # a few steps on decomposition traces only, so that sampled episodes delegate often
+    swarm.train_sft(model, tasks, steps=15, batch=16, lr=1e-2, decomp_frac=1.0)
     eps = swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0))
     delegated = 0
     for ep in eps:
@@ -481,7 +494,39 @@ def test_a_short_parl_run_raises_reward_on_a_tiny_task_set():
 def test_sft_warm_start_learns_the_serial_prior():
     model = _tiny_model(seed=0)
     tasks = sample_tasks(random.Random(0), 40)
-    losses = swarm.train_sft(model, tasks, steps=25, batch=16, lr=1e-2, format_frac=0.0)
+    losses = swarm.train_sft(model, tasks, steps=25, batch=16, lr=1e-2, decomp_frac=0.0)
     assert losses[-1] < 0.7 * losses[0]
     ep = swarm.rollout(model, [make_task(random.Random(9), "lookup", 3)], greedy=True)[0]
     assert ep["calls"][0][0] == "self" and ep["n_created"] == 0
+
+
+def test_decomposition_traces_are_legal_varied_and_some_pay():
+    """The warm start's decomposition traces: every one a legal episode; 2-16 agents; on wide lookups
+    some cover every item and beat a single agent's serial trace, and others do not pay (a cut too
+    coarse for the step cap, a wrong role, a range left out); on chains they never finish the chain
+    sooner than working alone would."""
+    from swarm_env import decompose_calls, task_kind
+    rng = random.Random(0)
+    tasks = sample_tasks(random.Random(5), 120)
+    wide_better = wide_worse = 0
+    for task in tasks:
+        calls = decompose_calls(task, rng)
+        ep = play(task, _stream(calls))
+        assert ep["error"] is None and ep["answered"]
+        assert 2 <= ep["n_created"] <= 16 and calls[-1] == ("answer",)
+        if task_kind(task) == "wide":
+            serial = swarm.serial_trace(task, random.Random(1))
+            wide_better += ep["f1"] > serial["f1"] + 0.2 and ep["critical"] * 2 < serial["critical"]
+            wide_worse += ep["f1"] < serial["f1"]
+    assert wide_better >= 5 and wide_worse >= 5, (wide_better, wide_worse)
+
+
+def test_solo_rollouts_have_no_sub_agent_tools():
+    model = _tiny_model(seed=2)
+    tasks = sample_tasks(random.Random(3), 12)
+    swarm.train_sft(model, tasks, steps=10, batch=8, lr=1e-2, decomp_frac=1.0)   # it would delegate
+    eps = swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0), solo=True)
+    assert all(ep["n_created"] == 0 and ep["error"] is None for ep in eps)
+    assert all(TOK["<create>"] not in legal for ep in eps for legal in ep["legal"])
+    assert sum(swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0))[i]["n_created"] > 0
+               for i in range(12)) >= 3
