@@ -225,7 +225,7 @@ def parl_loss(model: GPT, episodes: list, advantages: torch.Tensor) -> torch.Ten
     return -(advantages * lp.sum(1)).sum() / max(n_tokens, 1)
 
 
-def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.8, arg_prior: float = 0.98) -> torch.Tensor:
+def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.97, arg_prior: float = 0.98) -> torch.Tensor:
     """Cross-entropy on the orchestrator's tokens, the target smoothed over the legal set: weight
     serial_prior on the trace's token where a call begins (which call: the model keeps some probability
     on calls the trace did not make), arg_prior inside a call (an argument: a split of 16 ranges has 48
@@ -298,7 +298,7 @@ def _step(opt, loss: torch.Tensor) -> float:
     return loss.item()
 
 
-def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 3e-3, serial_prior: float = 0.8,
+def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 3e-3, serial_prior: float = 0.97,
               decomp_frac: float = 0.5, seed: int = 0, log=None) -> list:
     """Stage (a): warm start on single-agent traces and, a share decomp_frac of them, decomposition traces
     (swarm_env.decompose_calls: 2-16 agents, random roles and cuts, good and bad alike, blind to the

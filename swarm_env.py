@@ -326,8 +326,8 @@ def serial_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -
 def decompose_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
     """A decomposition trace, as sampling an untrained orchestrator would give one: 2-16 sub-agents of
     one role (a researcher with probability 0.8, else a random role), the items cut near-equally (3 in 4)
-    or at random points, one trace in four with a range left unassigned; after the wait, the missing items done alone (chunks of 1-6,
-    while the clock leaves room for an item), then answer. Nothing in it depends on the task: some traces
+    or at random points, one trace in four with a range left unassigned; after the wait, the missing
+    items done alone (chunks of 1-6, while the clock leaves room for an item), then answer. Nothing in it depends on the task: some traces
     pay (enough researchers for the 24-step cap, every item covered), many do not (too few agents, a
     wrong role, idle agents on a narrow task, a chain cut into ranges no sub-agent can start)."""
     W, n = task["width"], rng.randint(2, cfg.max_agents)

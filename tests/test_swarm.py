@@ -503,8 +503,7 @@ def test_sft_warm_start_learns_the_serial_prior():
 def test_decomposition_traces_are_legal_varied_and_some_pay():
     """The warm start's decomposition traces: every one a legal episode; 2-16 agents; on wide lookups
     some cover every item and beat a single agent's serial trace, and others do not pay (a cut too
-    coarse for the step cap, a wrong role, a range left out); on chains they never finish the chain
-    sooner than working alone would."""
+    coarse for the step cap, a wrong role, a range left out)."""
     from swarm_env import decompose_calls, task_kind
     rng = random.Random(0)
     tasks = sample_tasks(random.Random(5), 120)
@@ -528,5 +527,5 @@ def test_solo_rollouts_have_no_sub_agent_tools():
     eps = swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0), solo=True)
     assert all(ep["n_created"] == 0 and ep["error"] is None for ep in eps)
     assert all(TOK["<create>"] not in legal for ep in eps for legal in ep["legal"])
-    assert sum(swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0))[i]["n_created"] > 0
-               for i in range(12)) >= 3
+    free = swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0))   # same model, tools on
+    assert sum(ep["n_created"] > 0 for ep in free) >= 3
