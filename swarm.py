@@ -11,20 +11,23 @@ Here the orchestrator is a `model.GPT` (2 attention layers, width 64) that write
 
     <bos> <task> FAMILY W |     prompt: FAMILY = lookup (wide) | chain (deep); items are 0..W-1
     <create> ROLE               ROLE = researcher | fact-checker | coder; agents are named a0, a1, ...
-    <assign> aK LO HI           launch aK on items LO..HI (inclusive)
-    <self> LO HI                do items LO..HI yourself, one tool call per step
+    <assign> aK N               launch aK on the next N open items (not found yet, not out in this stage)
+    <self> N                    do the next N open items yourself, one tool call per step
     <wait>                      gather the stage; the runtime replies [<res> aK N ...]: facts per launch
     <answer>                    submit the facts that came back; ends the episode
 
 Every reply ends with the clock [@ T], critical steps so far; [<end>]: the budget or the context ran out
 before <answer>, nothing is submitted; [<err>]: a malformed call (ProtocolError), the episode scores 0.
 Decoding is constrained by a grammar mask (CallParser.legal); `rollout` decodes a batch of episodes
-through the KV cache. Training: (a) SFT on scripted traces, half a single agent working alone, half
-decompositions blind to the task (2-16 agents, random role and cuts: some pay, most do not), targets
-smoothed over the legal tokens; (b) PARL: K samples per task, A = (r - group mean) / group std, loss =
--sum_e A_e sum_t log p / (orchestrator tokens in the batch; never the environment's), MuonClip. The
-single-agent baseline is the SFT model with no <create> in its grammar.
-Closed forms (project choices; the report gives none): r_perf = item-F1, r_parallel = min(n_created,
+through the KV cache. Training: (a) SFT on scripted traces, 9 in 10 a single agent working alone, 1 in
+10 a decomposition blind to the task (2-16 agents, random roles and shares: some pay, most do not),
+targets smoothed over the legal tokens; (b) PARL, 100 updates of 8 tasks x K = 8 samples: A = (r - group
+mean) / group std, loss = -sum_e A_e sum_t log p / (orchestrator tokens in the batch; never the
+environment's) - 0.01 * mean entropy of the masked policy, MuonClip. The single-agent baseline is the
+SFT model with no <create> in its grammar.
+Closed forms (project choices; the report gives none): r_perf = item-F1 within a critical-step budget
+B drawn uniformly from 10..40 (its expectation: the mean over B of the F1 of the facts arrived by step
+B; K2.5 trains under a critical-step budget, this draws it per episode), r_parallel = min(n_created,
 16) / 16, r_finish = n_finished / (n_assigned + n_idle), lambda_i(u) = lambda_i0 max(0, 1 - u / (a U)).
 
 Support modules: swarm_protocol.py (vocabulary, the grammar, ProtocolError), swarm_env.py (tasks,
@@ -49,7 +52,7 @@ import torch.nn.functional as F
 
 from model import GPT, Config
 from muonclip import MuonClip
-from swarm_env import EnvConfig, Session, make_task, sample_tasks, decompose_calls, serial_calls, summarize
+from swarm_env import EnvConfig, Session, decompose_calls, f1_within, make_task, sample_tasks, serial_calls, summarize
 from swarm_protocol import MAX_NUM, PAD, TOK, VOCAB, CallParser, ProtocolError, encode_calls, num_tok, render
 
 # --- 1. An episode: tokens in, calls executed by a swarm_env.Session, its replies out as tokens -----
@@ -97,6 +100,7 @@ class Episode:
                 self.done = True
                 env.finish(submit=True)
                 return []
+            self.parser.open = len(env.open_items())     # items that did not come back are open again
         if words:
             words += ["@", str(min(env.t, MAX_NUM))]      # the clock: critical steps so far
         # the budget, or the context (while it can still hold the longest reply: 3 per agent + clock),
@@ -217,12 +221,19 @@ def action_logprobs(model: GPT, episodes: list) -> torch.Tensor:
     return torch.where(act, chosen, torch.zeros_like(chosen))
 
 
-def parl_loss(model: GPT, episodes: list, advantages: torch.Tensor) -> torch.Tensor:
+def parl_loss(model: GPT, episodes: list, advantages: torch.Tensor, entropy_coef: float = 0.0) -> torch.Tensor:
     """-sum_e A_e * sum_{orchestrator tokens} log p / (orchestrator tokens in the batch): each token's
-    credit weighs the same in a short or a long episode; prompt and environment tokens carry no loss."""
-    lp = action_logprobs(model, episodes)                                          # [E, T]
-    n_tokens = sum(sum(ep["is_action"]) for ep in episodes)
-    return -(advantages * lp.sum(1)).sum() / max(n_tokens, 1)
+    credit weighs the same in a short or a long episode; prompt and environment tokens carry no loss.
+    entropy_coef > 0 subtracts that much of the mean entropy of the grammar-masked policy at the
+    orchestrator's tokens (keeps it sampling other splits instead of settling on the first that pays)."""
+    logp, y, act, legal = _masked_logp(model, episodes)
+    lp = torch.where(act, logp.gather(2, y[..., None]).squeeze(2), torch.zeros(act.shape))    # [E, T]
+    n_tokens = max(int(act.sum()), 1)
+    loss = -(advantages * lp.sum(1)).sum() / n_tokens
+    if entropy_coef:
+        entropy = -(logp.exp() * torch.where(legal, logp, torch.zeros_like(logp))).sum(-1)   # [E, T]
+        loss = loss - entropy_coef * entropy[act].mean()
+    return loss
 
 
 def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.97, arg_prior: float = 0.98) -> torch.Tensor:
@@ -254,11 +265,19 @@ def lambda_schedule(update: int, total_updates: int, init: float, anneal_frac: f
     return init * (1.0 - x) if kind == "linear" else init * 0.5 * (1.0 + math.cos(math.pi * x))
 
 
-def parl_reward(episode: dict, lambda1: float, lambda2: float, n_cap: int = 16, perf: str = "f1") -> dict:
-    """r = lambda1 * r_parallel + lambda2 * r_finish + r_perf, with this file's closed forms (docstring)."""
-    if perf not in ("f1", "success"):
-        raise ValueError(f"perf must be 'f1' or 'success', got {perf!r}")
-    r_perf = episode[perf]
+def parl_reward(episode: dict, lambda1: float, lambda2: float, n_cap: int = 16, perf: str = "budgeted",
+                cfg: EnvConfig = EnvConfig()) -> dict:
+    """r = lambda1 * r_parallel + lambda2 * r_finish + r_perf, with this file's closed forms (docstring).
+    perf="budgeted": r_perf = item-F1 within a critical-step budget B drawn uniformly from
+    cfg.train_budget_min..cfg.critical_budget, in expectation (the mean over B of swarm_env.f1_within);
+    "f1" / "success": item-F1 / exact success at the end of the episode."""
+    if perf not in ("budgeted", "f1", "success"):
+        raise ValueError(f"perf must be 'budgeted', 'f1' or 'success', got {perf!r}")
+    if perf == "budgeted":
+        budgets = range(cfg.train_budget_min, cfg.critical_budget + 1)
+        r_perf = sum(f1_within(episode, b) for b in budgets) / len(budgets)
+    else:
+        r_perf = episode[perf]
     r_parallel = min(episode["n_created"], n_cap) / n_cap
     assigned = episode["n_assigned"] + episode.get("n_idle", 0)     # an agent never given a task did not finish
     r_finish = episode["n_finished"] / assigned if assigned else 0.0
@@ -278,7 +297,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, normalize: bool = T
     return a.view(-1)
 
 
-def make_arms(lambda1: float = 0.2, lambda2: float = 0.4, anneal_frac: float = 0.6) -> dict:
+def make_arms(lambda1: float = 0.2, lambda2: float = 1.0, anneal_frac: float = 0.6) -> dict:
     """The five arms: name -> (trained with PARL, lambda1_init, lambda2_init, anneal_frac or None). The
     single agent is not trained further and is evaluated without the sub-agent tools (solo)."""
     return {"single agent": (False, 0.0, 0.0, None),
@@ -299,7 +318,7 @@ def _step(opt, loss: torch.Tensor) -> float:
 
 
 def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 3e-3, serial_prior: float = 0.97,
-              decomp_frac: float = 0.5, seed: int = 0, log=None) -> list:
+              decomp_frac: float = 0.1, seed: int = 0, log=None) -> list:
     """Stage (a): warm start on single-agent traces and, a share decomp_frac of them, decomposition traces
     (swarm_env.decompose_calls: 2-16 agents, random roles and cuts, good and bad alike, blind to the
     task). Returns the loss per step."""
@@ -316,9 +335,9 @@ def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 
     return losses
 
 
-def train_parl(model: GPT, tasks: list, updates: int, arm=(True, 0.2, 0.4, 0.6), tasks_per_update: int = 8,
+def train_parl(model: GPT, tasks: list, updates: int, arm=(True, 0.2, 1.0, 0.6), tasks_per_update: int = 8,
                group_size: int = 8, lr: float = 1e-3, seed: int = 0, log_every: int = 5, n_cap: int = 16,
-               cfg: EnvConfig = EnvConfig(), log=None) -> list:
+               entropy_coef: float = 0.0, cfg: EnvConfig = EnvConfig(), log=None) -> list:
     """Stage (b): PARL. Returns a history of rollout statistics (every log_every updates)."""
     _, lam1_0, lam2_0, anneal = arm
     opt = MuonClip.from_model(model, lr=lr, weight_decay=0.0, qk_clip_tau=100.0)
@@ -328,9 +347,9 @@ def train_parl(model: GPT, tasks: list, updates: int, arm=(True, 0.2, 0.4, 0.6),
         lam1, lam2 = lambda_schedule(u, updates, lam1_0, anneal), lambda_schedule(u, updates, lam2_0, anneal)
         episodes = rollout(model, [t for t in rng.sample(tasks, tasks_per_update) for _ in range(group_size)], cfg,
                            generator=gen)
-        rewards = torch.tensor([parl_reward(ep, lam1, lam2, n_cap)["r"] for ep in episodes])
+        rewards = torch.tensor([parl_reward(ep, lam1, lam2, n_cap, cfg=cfg)["r"] for ep in episodes])
         model.train()
-        _step(opt, parl_loss(model, episodes, group_advantages(rewards, group_size)))
+        _step(opt, parl_loss(model, episodes, group_advantages(rewards, group_size), entropy_coef))
         if u % log_every == 0 or u == updates - 1:
             history.append({"update": u, "lambda1": lam1, "lambda2": lam2, "reward": rewards.mean().item(),
                             "tokens": float(np.mean([len(ep["tokens"]) for ep in episodes])), **summarize(episodes)})
@@ -342,23 +361,33 @@ def train_parl(model: GPT, tasks: list, updates: int, arm=(True, 0.2, 0.4, 0.6),
 # --- 4. One seed of the experiment: the five arms from one shared SFT warm start; the demo ----------
 
 
-def train_arms(seed: int = 0, sft_steps: int = 250, steps: int = 40, tasks_per_update: int = 8, group_size: int = 8,
-               lr: float = 3e-3, sft_lr: float = 3e-3, serial_prior: float = 0.97, decomp_frac: float = 0.5,
-               arms: dict = ARMS, n_eval: int = 60, cfg: EnvConfig = EnvConfig(), log=None) -> tuple:
-    """SFT once, then PARL for each trained arm from that checkpoint; greedy eval on n_eval held-out
-    tasks (a third each narrow, wide, deep). Returns ({arm: {model, eval, summary, history}}, SFT losses)."""
-    log = log or (lambda what, i, n, value: None)
+def warm_start(seed: int = 0, sft_steps: int = 250, sft_lr: float = 3e-3, serial_prior: float = 0.97,
+               decomp_frac: float = 0.1, n_eval: int = 60, cfg: EnvConfig = EnvConfig(), log=None) -> tuple:
+    """A seed's tasks (600 to train on; n_eval held out, a third each narrow, wide, deep) and its SFT
+    model. Returns (model, SFT losses, train tasks, eval tasks)."""
     torch.manual_seed(seed)
     train_tasks = sample_tasks(random.Random(seed), 600, cfg=cfg)
     eval_tasks = sample_tasks(random.Random(10_000 + seed), n_eval, mix=(1 / 3, 1 / 3, 1 / 3), cfg=cfg)
-    base = GPT(orchestrator_config())
-    sft = train_sft(base, train_tasks, sft_steps, lr=sft_lr, serial_prior=serial_prior, decomp_frac=decomp_frac,
-                    seed=seed, log=lambda s, n, loss: log("SFT", s, n, loss))
+    model = GPT(orchestrator_config())
+    sft = train_sft(model, train_tasks, sft_steps, lr=sft_lr, serial_prior=serial_prior, decomp_frac=decomp_frac,
+                    seed=seed, log=log)
+    return model, sft, train_tasks, eval_tasks
+
+
+def train_arms(seed: int = 0, sft_steps: int = 250, steps: int = 100, tasks_per_update: int = 8, group_size: int = 8,
+               lr: float = 3e-3, sft_lr: float = 3e-3, serial_prior: float = 0.97, decomp_frac: float = 0.1,
+               entropy_coef: float = 0.01, arms: dict = ARMS, n_eval: int = 60, cfg: EnvConfig = EnvConfig(),
+               log=None) -> tuple:
+    """SFT once (warm_start), then PARL for each trained arm from that checkpoint; greedy eval on the
+    n_eval held-out tasks. Returns ({arm: {model, eval, summary, history}}, SFT losses)."""
+    log = log or (lambda what, i, n, value: None)
+    base, sft, train_tasks, eval_tasks = warm_start(seed, sft_steps, sft_lr, serial_prior, decomp_frac, n_eval, cfg,
+                                                    log=lambda s, n, loss: log("SFT", s, n, loss))
     results = {}
     for name, arm in arms.items():
         model = copy.deepcopy(base)
-        hist = train_parl(model, train_tasks, steps, arm, tasks_per_update, group_size, lr=lr, seed=seed, cfg=cfg,
-                          log=lambda u, n, r: log(name, u, n, r)) if arm[0] else []
+        hist = train_parl(model, train_tasks, steps, arm, tasks_per_update, group_size, lr=lr, seed=seed,
+                          entropy_coef=entropy_coef, cfg=cfg, log=lambda u, n, r: log(name, u, n, r)) if arm[0] else []
         eps = rollout(model, eval_tasks, cfg, greedy=True, solo=not arm[0])   # the single agent: no tools
         results[name] = {"model": model, "eval": eps, "summary": summarize(eps), "history": hist}
     return results, sft

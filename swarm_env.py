@@ -11,8 +11,8 @@ own small generated corpus:
 Sub-agents are frozen scripted programs (`scripted_worker`): search costs one step, reading a document
 one step, so an item costs 2-4 steps. Their role comes from the system prompt (a researcher looks
 things up; a fact-checker verifies claims; a coder's role fits neither task and returns nothing).
-Items are referred to by index 0..W-1 (entities of a lookup, hops of a chain); `subtask(task, lo, hi,
-start)` builds the sub-task for a contiguous range of items. Scored by item-F1 and exact success.
+Items are referred to by index 0..W-1 (entities of a lookup, hops of a chain); `subtask(task, idx,
+start)` builds the sub-task for a list of them. Scored by item-F1 and exact success.
 `Session` is one task played through the orchestrator's tools on a SwarmRuntime (what each call does,
 in Python: create, assign, wait, work alone, finish); `summarize` averages its results per task kind.
 """
@@ -75,7 +75,7 @@ def make_task(rng: random.Random, family: str, width: int) -> dict:
             add_docs(names[h], f"The mentor of {names[h]} is {names[h + 1]}.")
         question = f"Start at {names[0]} and follow 'mentor' {width} times; name every mentor on the way."
         meta = {"start": names[0]}
-    # items in index order: what a range lo..hi of the protocol refers to (entities, or hop numbers)
+    # items in index order: what the protocol's counts hand out (entities, or hop numbers)
     return {"family": family, "width": width, "question": question, "gold": gold, "items": list(gold),
             "corpus": {"docs": docs, "index": index}, **meta}
 
@@ -155,27 +155,37 @@ def item_f1(answer: dict, gold: dict) -> float:
     return 2 * precision * recall / (precision + recall)
 
 
+def f1_within(episode: dict, budget: int) -> float:
+    """Item-F1 of the answer had the episode been stopped after `budget` critical steps (each fact
+    counts from the step it arrived)."""
+    answered = {k: v for k, v in episode["answer"].items() if episode["arrived"][k] <= budget}
+    return item_f1(answered, episode["task"]["gold"])
+
+
 @dataclass
 class EnvConfig:
     critical_budget: int = 40      # episode limit in critical steps (K2.5 constrains by these, not total)
+    train_budget_min: int = 10     # PARL's r_perf: item-F1 within a budget drawn from 10..critical_budget
     sub_step_budget: int = 24      # each sub-agent's step cap: 6-12 items, so wide tasks must be split
     agents_per_main_step: int = 8  # reading back results: +1 orchestrator step per 8 sub-agents of a stage
     max_width: int = 48            # items per task at most (the protocol has number tokens up to this)
     max_agents: int = 16           # sub-agents per episode at most (agent-name tokens a0..a15)
 
 
-def subtask(task: dict, lo: int, hi: int, start: str | None = None) -> dict:
-    """The sub-task for items lo..hi (inclusive) of `task`.
+def subtask(task: dict, idx: list, start: str | None = None) -> dict:
+    """The sub-task for the items at indices `idx` of `task`.
 
-    lookup: the entities lo..hi. chain: hops lo..hi; `start` is the entity reached after hop lo-1, known
-    only when hops 0..lo-1 are solved (None otherwise: the worker cannot begin and returns nothing).
+    lookup: those entities. chain: the hops idx[0]..idx[-1] (consecutive); `start` is the entity reached
+    after hop idx[0]-1, known only when the hops before are solved (None otherwise: the worker cannot
+    begin and returns nothing).
     """
-    corpus = task["corpus"]
+    corpus, idx = task["corpus"], list(idx)
     if task["family"] == "lookup":
-        return {"kind": "lookup", "entities": task["items"][lo:hi + 1], "attribute": task["attribute"],
+        return {"kind": "lookup", "entities": [task["items"][i] for i in idx], "attribute": task["attribute"],
                 "corpus": corpus}
-    return {"kind": "follow", "start": start, "first_hop": task["items"][lo], "hops": hi - lo + 1,
-            "corpus": corpus}
+    if idx != list(range(idx[0], idx[0] + len(idx))):
+        raise ValueError(f"a chain's hops must be consecutive, got {idx}")
+    return {"kind": "follow", "start": start, "first_hop": task["items"][idx[0]], "hops": len(idx), "corpus": corpus}
 
 
 def sample_tasks(rng: random.Random, n: int, mix=(0.35, 0.45, 0.2), cfg: EnvConfig = EnvConfig()) -> list:
@@ -214,9 +224,11 @@ def summarize(results: list) -> dict:
 class Session:
     """One task played through the orchestrator's tools on a SwarmRuntime, on the critical-step clock.
 
-    create(role) adds a sub-agent a0, a1, ...; assign(k, lo, hi) launches agent k on items lo..hi (False:
-    no step left to launch it); wait() gathers the open stage and returns (k, facts brought back) per
-    launch; work(lo, hi) does items lo..hi alone, one tool call per step, and returns the facts found;
+    Items are handed out by count from the open ones (`open_items`: not found yet, not out in the open
+    stage, in index order). create(role) adds a sub-agent a0, a1, ...; assign(k, n) launches agent k on
+    the next n open items (False: no step left to launch it); wait() gathers the open stage and returns
+    (k, facts brought back) per launch; work(n) does the next n open items alone, one tool call per step,
+    and returns the facts found;
     finish(submit) ends the episode, submitting what came back or nothing. The orchestrator's protocol
     (swarm.py) checks legality; this class only executes. Facts carry the step they arrived (`arrived`).
     """
@@ -227,6 +239,7 @@ class Session:
         self.rt = SwarmRuntime(worker, sub_step_budget=cfg.sub_step_budget, main_step_budget=cfg.critical_budget * 4,
                                executor=executor, step_delay=step_delay, max_subagents=cfg.max_agents)
         self.open_runs: list = []           # (agent index, SubagentRun) launched in the open stage
+        self.out: set = set()               # item indices out with the open stage's sub-agents
         self.answer, self.arrived = {}, {}
         self.t = 0                          # critical steps so far
         self.frontier, self.current = 0, task.get("start")   # chain: first unsolved hop, entity reached
@@ -235,12 +248,20 @@ class Session:
     def create(self, role: str):
         self.rt.create_subagent(f"a{len(self.rt.agents)}", ROLES[role])
 
-    def assign(self, k: int, lo: int, hi: int) -> bool:
-        start = self.current if lo == self.frontier else None   # chain: only the frontier's entity is known
+    def open_items(self) -> list:
+        return [i for i, item in enumerate(self.task["items"]) if item not in self.answer and i not in self.out]
+
+    def assign(self, k: int, n: int) -> bool:
+        open_now = self.open_items()
+        if not 1 <= n <= len(open_now):
+            raise ValueError(f"assign needs a count of 1..{len(open_now)} (the open items), got {n}")
+        idx = open_now[:n]
+        start = self.current if idx[0] == self.frontier else None   # chain: only the frontier's entity is known
         budget = self.cfg.critical_budget - self.t - 1
         if budget < 1:                       # no step left to launch it: the budget has run out
             return False
-        self.open_runs.append((k, self.rt.assign_task(f"a{k}", subtask(self.task, lo, hi, start), budget=budget)))
+        self.open_runs.append((k, self.rt.assign_task(f"a{k}", subtask(self.task, idx, start), budget=budget)))
+        self.out.update(idx)
         return True
 
     def wait(self) -> list:
@@ -252,14 +273,14 @@ class Session:
             self._record(facts)
         return [(k, len(facts)) for k, facts in got]
 
-    def work(self, lo: int, hi: int) -> int:
+    def work(self, n: int) -> int:
         found = 0
-        for i in range(lo, hi + 1):          # one item at a time, as a single agent works
+        for i in self.open_items()[:n]:      # one item at a time, as a single agent works
             left = self.cfg.critical_budget - self.t
             if left < 1:
                 break
             start = self.current if i == self.frontier else None
-            sub = subtask(self.task, i, i, start)
+            sub = subtask(self.task, [i], start)
             steps, _, msg, _, _, _ = run_subagent(self.worker, ROLES["researcher"], sub, left)
             if steps:
                 self.rt.main_step(steps)
@@ -284,7 +305,7 @@ class Session:
         got = [(k, run.message if run.finished and run.message else {}) for k, run in self.open_runs]
         self.n_assigned += len(got)
         self.n_finished += sum(bool(facts) for _, facts in got)
-        self.open_runs = []
+        self.open_runs, self.out = [], set()
         return got
 
     def _record(self, facts: dict):
@@ -308,54 +329,47 @@ class Session:
 
 # scripted orchestrators: the call sequences the SFT warm start imitates (swarm.py plays them as tokens)
 
-def serial_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
-    """A single agent doing the work itself: ("self", lo, hi) on chunks of 1-6 items, then ("answer",)
-    once the items are done or the clock leaves too little for another item (one costs at most 4 steps)."""
-    session, lo, calls = Session(task, cfg), 0, []
-    while lo < task["width"]:
-        size = min(rng.randint(1, 6), (cfg.critical_budget - session.t - 1) // 4)
-        if size < 1:
+def _work_alone(session: Session, rng: random.Random, cfg: EnvConfig) -> list:
+    """("self", n) on chunks of 1-6 open items while the clock leaves room for one (an item costs at most
+    4 steps); the calls, executed on `session` as they are chosen."""
+    calls = []
+    while session.open_items():
+        n = min(rng.randint(1, 6), (cfg.critical_budget - session.t - 1) // 4, len(session.open_items()))
+        if n < 1:
             break
-        hi = min(task["width"] - 1, lo + size - 1)
-        calls.append(("self", lo, hi))
-        session.work(lo, hi)
-        lo = hi + 1
-    return calls + [("answer",)]
+        calls.append(("self", n))
+        if not session.work(n):              # nothing found (a chain cut off): stop
+            break
+    return calls
+
+
+def serial_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
+    """A single agent doing the work itself: ("self", n) on chunks of 1-6 items, then ("answer",) once
+    the items are done or the clock leaves too little for another item."""
+    return _work_alone(Session(task, cfg), rng, cfg) + [("answer",)]
 
 
 def decompose_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
     """A decomposition trace, as sampling an untrained orchestrator would give one: 2-16 sub-agents of
     one role (a researcher with probability 0.8, else a random role), the items cut near-equally (3 in 4)
-    or at random points, one trace in four with a range left unassigned; after the wait, the missing
-    items done alone (chunks of 1-6, while the clock leaves room for an item), then answer. Nothing in it depends on the task: some traces
-    pay (enough researchers for the 24-step cap, every item covered), many do not (too few agents, a
-    wrong role, idle agents on a narrow task, a chain cut into ranges no sub-agent can start)."""
+    or at random points into counts, one trace in four with the last count left out (its agent idle);
+    after the wait, the missing items done alone (chunks of 1-6, while the clock leaves room for an
+    item), then answer. Nothing in it depends on the task: some traces pay (enough researchers for the
+    24-step cap, every item covered), many do not (too few agents, a wrong role, idle agents on a narrow
+    task, a chain cut into ranges no sub-agent can start)."""
     W, n = task["width"], rng.randint(2, cfg.max_agents)
     roles = ["researcher" if rng.random() < 0.8 else rng.choice(list(ROLES))] * n
     k = min(n, W)
     cuts = [i * W // k for i in range(1, k)] if rng.random() < 0.75 else sorted(rng.sample(range(1, W), k - 1))
     bounds = [0] + cuts + [W]
-    ranges = [(bounds[i], bounds[i + 1] - 1) for i in range(k)]
-    if k > 1 and rng.random() < 0.25:           # one trace in four leaves a range unassigned
-        ranges.pop(rng.randrange(k))
-    calls = [("create", r) for r in roles] + [("assign", i, lo, hi) for i, (lo, hi) in enumerate(ranges)]
+    counts = [bounds[i + 1] - bounds[i] for i in range(k)]
+    if k > 1 and rng.random() < 0.25:           # one trace in four leaves the last count out
+        counts.pop()
+    calls = [("create", r) for r in roles] + [("assign", i, c) for i, c in enumerate(counts)] + [("wait",)]
     session = Session(task, cfg)
     for r in roles:
         session.create(r)
-    for i, (lo, hi) in enumerate(ranges):
-        session.assign(i, lo, hi)
-    if ranges:
-        calls.append(("wait",))
-        session.wait()
-    missing = [i for i, item in enumerate(task["items"]) if item not in session.answer]
-    while missing:
-        size = min(rng.randint(1, 6), (cfg.critical_budget - session.t - 1) // 4)
-        if size < 1:
-            break
-        lo = hi = missing[0]
-        while hi + 1 in missing and hi - lo + 1 < size:
-            hi += 1
-        calls.append(("self", lo, hi))
-        session.work(lo, hi)
-        missing = [i for i in missing if task["items"][i] not in session.answer and i > hi]
-    return calls + [("answer",)]
+    for i, c in enumerate(counts):
+        session.assign(i, c)
+    session.wait()
+    return calls + _work_alone(session, rng, cfg) + [("answer",)]

@@ -6,11 +6,15 @@ Support module for swarm.py, whose docstring shows the protocol; an 84-token voc
     specials   <pad> <bos> <task> lookup chain | <create> researcher fact-checker coder <assign> <self>
                <wait> <answer> <res> me @ <end> <err>
     agents     a0 .. a15            the names create_subagent gives, in order
-    numbers    0 .. 48              item indices, task widths, fact counts, the clock
+    numbers    0 .. 48              item counts, task widths, fact counts, the clock
 
-A call is a tuple, ("create", role) | ("assign", k, lo, hi) | ("self", lo, hi) | ("wait",) | ("answer",),
-and `encode_call` writes it as tokens. `CallParser` reads the orchestrator's tokens one at a time,
-knowing what the runtime knows (task width, agents created, who is busy in the open stage): `legal()`
+A call is a tuple, ("create", role) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",), and
+`encode_call` writes it as tokens. A split is a list of counts: `<assign> aK n` and `<self> n` take the
+next n open items (items not yet found and not already out in the open stage, in index order), so
+sub-agents never overlap and the items the calls cover are always a prefix of the open ones. `CallParser`
+reads the orchestrator's tokens one at a time, knowing what the runtime knows (task width, agents
+created, who is busy in the open stage, how many items are open; the episode sets `open` from the
+environment after each call, since only the environment knows which items came back): `legal()`
 lists the tokens that may come next (the grammar mask for decoding), `feed()` returns each call when
 its last token arrives and raises a ProtocolError, with the reason, for a malformed one. `render` and
 `from_text` convert between token ids and text.
@@ -24,7 +28,7 @@ TOK = {s: i for i, s in enumerate(VOCAB)}
 PAD = TOK["<pad>"]
 ROLE_TOKENS = ("researcher", "fact-checker", "coder")
 ENV_ONLY = ("<bos>", "<task>", "lookup", "chain", "|", "<res>", "me", "@", "<end>", "<err>", "<pad>")
-ARGS = {"<create>": ("role",), "<assign>": ("agent", "lo", "hi"), "<self>": ("lo", "hi"), "<wait>": (),
+ARGS = {"<create>": ("role",), "<assign>": ("agent", "count"), "<self>": ("count",), "<wait>": (),
         "<answer>": ()}                         # each call's argument slots
 CALLS = tuple(ARGS)
 PROMPT_LEN = 5                                  # <bos> <task> FAMILY W |
@@ -47,7 +51,7 @@ def tok_agent(t: int) -> int | None:
 
 
 def encode_call(call: tuple) -> list:
-    """("create", role) | ("assign", k, lo, hi) | ("self", lo, hi) | ("wait",) | ("answer",) -> token ids."""
+    """("create", role) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",) -> token ids."""
     head = f"<{call[0]}>"
     if head not in ARGS or len(call) != 1 + len(ARGS[head]):
         raise ValueError(f"unknown call {call!r}")
@@ -90,13 +94,16 @@ class ProtocolError(ValueError):
 class CallParser:
     """Reads the orchestrator's tokens one at a time; returns each call when its last token arrives.
 
-    Knows what the runtime knows (task width, agents created, who is busy in the open stage), so it can
-    both reject a malformed call and list the legal next tokens for constrained decoding (`legal`).
+    Knows what the runtime knows (task width, agents created, who is busy in the open stage, `open`: how
+    many items are open), so it can both reject a malformed call and list the legal next tokens for
+    constrained decoding (`legal`). A count takes items off `open`; the episode puts back the ones that
+    did not come back (Episode.step sets `open` from the environment after each call).
     """
 
     def __init__(self, width: int, max_agents: int = MAX_AGENTS):
         self.width, self.max_agents = width, max_agents
         self.n_created, self.busy, self.stage_open = 0, set(), False
+        self.open = width
         self.partial: list = []
 
     def legal(self) -> list:
@@ -104,14 +111,15 @@ class CallParser:
         p = self.partial
         if not p:
             ok = ["<answer>"] + ["<create>"] * (self.n_created < self.max_agents) \
-                + ["<assign>"] * (len(self.busy) < self.n_created) + ["<wait>" if self.stage_open else "<self>"]
+                + ["<assign>"] * (len(self.busy) < self.n_created and self.open > 0) \
+                + (["<wait>"] if self.stage_open else ["<self>"] * (self.open > 0))
             return [TOK[s] for s in ok]
         slot = ARGS[VOCAB[p[0]]][len(p) - 1]
         if slot == "role":
             return [TOK[r] for r in ROLE_TOKENS]
         if slot == "agent":
             return [TOK[f"a{k}"] for k in range(self.n_created) if k not in self.busy]
-        return [num_tok(n) for n in range(0 if slot == "lo" else tok_num(p[-1]), self.width)]
+        return [num_tok(n) for n in range(1, min(self.open, MAX_NUM) + 1)]      # a count of open items
 
     def feed(self, t: int):
         """Add one token; returns the finished call tuple, or None while the call is incomplete."""
@@ -131,7 +139,10 @@ class CallParser:
             self.n_created += 1
         elif kind == "assign":
             self.busy.add(call[1])
+            self.open -= call[2]
             self.stage_open = True
+        elif kind == "self":
+            self.open -= call[1]
         elif kind == "wait":
             self.busy, self.stage_open = set(), False
         return call
@@ -139,6 +150,8 @@ class CallParser:
     def _why(self, t: int) -> str:
         s, p = VOCAB[t], self.partial
         if not p:
+            if s in ("<assign>", "<self>") and self.open == 0:
+                return f"{s} with no open item: every item is found or already out (<wait> or <answer>)"
             return {"<assign>": "<assign> with no free agent: <create> one first (or <wait> to free them)",
                     "<self>": "<self> while sub-agents are running: <wait> for them first",
                     "<wait>": "<wait> with nothing assigned",
@@ -154,12 +167,13 @@ class CallParser:
             return f"{where}: " + (f"unknown agent a{k} (created: {self.n_created})" if k >= self.n_created
                                    else f"a{k} is already busy in this stage")
         if n is None:
-            return f"{where}: expected an item number"
-        return f"{where}: item {n} outside the task's items 0..{self.width - 1} or before the range start"
+            return f"{where}: expected an item count"
+        return f"{where}: a count must be 1..{self.open} (the items open), got {n}"
 
 
 def parse_calls(ids, width: int) -> list:
-    """A whole stream of orchestrator tokens -> calls (strict: raises ProtocolError)."""
+    """A whole stream of orchestrator tokens -> calls (strict: raises ProtocolError). Without an
+    environment it assumes every item handed out comes back (nothing is put back on `open`)."""
     parser = CallParser(width)
     calls = [c for c in map(parser.feed, ids) if c is not None]
     if parser.partial:

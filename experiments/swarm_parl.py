@@ -13,6 +13,7 @@ sub-agents' timeline.
     python experiments/swarm_parl.py --seeds 0 1 2     # three seeds, one table ("a / b / c" per cell)
     python experiments/swarm_parl.py --seeds 0 1 2 --jobs 2    # the seeds in 2 processes
     python experiments/swarm_parl.py --demo            # one episode of seed 0's PARL-annealed orchestrator
+    python experiments/swarm_parl.py --probe --seeds 0 1 2    # the SFT warm start: how often it samples a good split
 """
 import argparse
 import multiprocessing as mp
@@ -29,7 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import swarm  # noqa: E402
-from swarm_env import EnvConfig, item_f1, serial_calls, task_kind  # noqa: E402
+from swarm_env import EnvConfig, f1_within, serial_calls, task_kind  # noqa: E402
 
 OUT = os.path.join("out", "swarm_parl")
 TARGETS = (0.5, 0.7, 0.9)
@@ -52,16 +53,10 @@ class Progress:
                   f"{i + 1}/{n} {'loss' if what == 'SFT' else 'reward'} {value:.3f}", flush=True)
 
 
-def f1_at_budget(episode: dict, budget: int) -> float:
-    """Item-F1 of the answer had the episode been stopped after `budget` critical steps."""
-    answered = {k: v for k, v in episode["answer"].items() if episode["arrived"][k] <= budget}
-    return item_f1(answered, episode["task"]["gold"])
-
-
 def budget_to_reach(episodes: list, target: float, max_budget: int = 400):
     """Smallest critical-step budget at which mean item-F1 over `episodes` reaches `target` (Fig. 8 style)."""
     for b in range(1, max_budget + 1):
-        if np.mean([f1_at_budget(ep, b) for ep in episodes]) >= target:
+        if np.mean([f1_within(ep, b) for ep in episodes]) >= target:
             return b
     return None
 
@@ -135,7 +130,7 @@ def plots(per_seed: list, arms, seeds, out_dir: str):
     budgets = range(1, 121)
     for name in list(arms) + ["serial, no budget"]:
         wide = per_seed[0][name]["wide"]
-        ax.plot(list(budgets), [np.mean([f1_at_budget(ep, b) for ep in wide]) for b in budgets],
+        ax.plot(list(budgets), [np.mean([f1_within(ep, b) for ep in wide]) for b in budgets],
                 color=colors.get(name, "gray"), ls="-" if name in arms else ":", label=name)
     ax.set(xlabel="critical-step budget", ylabel="item-F1", title=f"wide tasks: item-F1 vs critical steps (seed {seeds[0]})")
     ax.axvline(EnvConfig.critical_budget, color="gray", ls=":", lw=1)
@@ -143,6 +138,30 @@ def plots(per_seed: list, arms, seeds, out_dir: str):
     fig.tight_layout()
     fig.savefig(os.path.join(out_dir, "f1_vs_critical_steps.png"), dpi=100)
     plt.close(fig)
+
+
+def probe_warm_start(seed: int, hp: dict, samples: int = 8) -> dict:
+    """Can the SFT warm start sample a good parallel episode at all (issue 26)? On the seed's wide eval
+    tasks, `samples` sampled episodes each: the share that creates >= 2 sub-agents and hands them every
+    item ("good parallel"), and r_perf (budgeted item-F1) of those against the episodes that stay alone
+    and the other ones (sub-agents, but not every item handed out)."""
+    torch.set_num_threads(1)
+    model, _, _, eval_tasks = swarm.warm_start(seed, hp["sft_steps"], hp["sft_lr"], hp["serial_prior"],
+                                               hp["decomp_frac"], hp["n_eval"])
+    wide = [t for t in eval_tasks if task_kind(t) == "wide"]
+    eps = swarm.rollout(model, [t for t in wide for _ in range(samples)], generator=torch.Generator().manual_seed(seed))
+
+    def delegated(ep):
+        return {e for st in ep["trace"].stages for r in st.runs for e in (r.task.get("entities") or [])}
+    good = [ep for ep in eps if ep["n_created"] >= 2 and len(delegated(ep)) == ep["task"]["width"]]
+    alone = [ep for ep in eps if ep["n_created"] == 0]
+    other = [ep for ep in eps if ep["n_created"] and ep not in good]       # sub-agents, but not a full split
+    perf = lambda group: float(np.mean([swarm.parl_reward(ep, 0, 0)["r_perf"] for ep in group])) if group else None  # noqa: E731
+    return {"seed": seed, "episodes": len(eps), "good parallel": len(good), "alone": len(alone),
+            "other": len(other), "r_perf good parallel": perf(good), "r_perf alone": perf(alone),
+            "r_perf other": perf(other),
+            "item-F1 good parallel": float(np.mean([ep["f1"] for ep in good])) if good else None,
+            "item-F1 alone": float(np.mean([ep["f1"] for ep in alone])) if alone else None}
 
 
 def _seed_job(job):
@@ -162,11 +181,13 @@ def run_experiment(seeds, hp: dict, out_dir: str = OUT, jobs: int = 1, figure: b
     else:
         progress = Progress(len(seeds) * per_seed_units)
         per_seed = [run_seed(s, hp, out_dir, progress) for s in seeds]
-    oc = swarm.orchestrator_config()
+    oc, lam = swarm.orchestrator_config(), arms.get("PARL, annealed", (True, None, None, None))
     n_params = sum(p.numel() for p in swarm.GPT(oc).parameters())
     refs = " / ".join(", ".join(str(r["serial, no budget"]["need"][x]) for x in TARGETS) for r in per_seed)
     note = (f"LM orchestrator ({n_params / 1e3:.0f}k params, pattern {oc.pattern}, {oc.n_layer} layers, width "
-            f"{oc.n_embd}); recipe: {', '.join(f'{k} {v}' for k, v in hp.items() if k != 'arms')}; greedy eval on "
+            f"{oc.n_embd}); recipe: {', '.join(f'{k} {v}' for k, v in hp.items() if k != 'arms')}; PARL lambda1 "
+            f"{lam[1]}, lambda2 {lam[2]}, annealed to 0 at {lam[3]} of the updates; r_perf = item-F1 within a budget "
+            f"drawn from {EnvConfig.train_budget_min}..{EnvConfig.critical_budget}; greedy eval on "
             f"{hp['n_eval']} held-out tasks per seed (critical budget {EnvConfig.critical_budget}). 'crit. steps to "
             f"wide F1 x': the smallest budget at which the arm's mean item-F1 on the wide eval tasks reaches x (from "
             f"the steps at which items arrived), in brackets how many times fewer than a single agent doing every "
@@ -178,7 +199,8 @@ def run_experiment(seeds, hp: dict, out_dir: str = OUT, jobs: int = 1, figure: b
     print(text, flush=True)
     plots(per_seed, arms, list(seeds), out_dir)
     if figure:
-        shutil.copy(os.path.join(out_dir, "training.png"), os.path.join(ROOT, "figures", "swarm_training.png"))
+        for name in ("training", "f1_vs_critical_steps"):
+            shutil.copy(os.path.join(out_dir, f"{name}.png"), os.path.join(ROOT, "figures", f"swarm_{name}.png"))
     return per_seed
 
 
@@ -219,21 +241,23 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                  epilog=__doc__.split("\n\n")[-1])
     ap.add_argument("--demo", action="store_true", help="one episode of the PARL-annealed orchestrator, with its timeline")
+    ap.add_argument("--probe", action="store_true", help="only the SFT warm start: how often it samples a good split")
     ap.add_argument("--seed", type=int, default=0, help="one seed (for --demo: whose orchestrator to load)")
     ap.add_argument("--seeds", type=int, nargs="+", default=None, help="several seeds, one table (overrides --seed)")
     ap.add_argument("--jobs", type=int, default=1, help="processes running seeds side by side")
     ap.add_argument("--out_dir", default=OUT, help=f"output folder (default {OUT})")
-    ap.add_argument("--figure", action="store_true", help="also copy training.png to figures/swarm_training.png")
-    ap.add_argument("--steps", type=int, default=40, help="PARL updates per trained arm")
+    ap.add_argument("--figure", action="store_true", help="also copy the two figures to figures/swarm_*.png")
+    ap.add_argument("--steps", type=int, default=100, help="PARL updates per trained arm")
     ap.add_argument("--sft_steps", type=int, default=250, help="SFT steps (shared by the arms of a seed)")
     ap.add_argument("--tasks_per_update", type=int, default=8)
     ap.add_argument("--group_size", type=int, default=8, help="samples per task (group baseline)")
     ap.add_argument("--lr", type=float, default=3e-3, help="PARL learning rate (MuonClip)")
     ap.add_argument("--sft_lr", type=float, default=3e-3)
     ap.add_argument("--serial_prior", type=float, default=0.97, help="SFT target weight on the trace's call")
-    ap.add_argument("--decomp_frac", type=float, default=0.5, help="share of decomposition traces in SFT")
+    ap.add_argument("--decomp_frac", type=float, default=0.1, help="share of decomposition traces in SFT")
+    ap.add_argument("--entropy_coef", type=float, default=0.01, help="weight of the policy-entropy bonus in PARL")
     ap.add_argument("--lambda1", type=float, default=0.2, help="initial weight of r_parallel")
-    ap.add_argument("--lambda2", type=float, default=0.4, help="initial weight of r_finish")
+    ap.add_argument("--lambda2", type=float, default=1.0, help="initial weight of r_finish")
     ap.add_argument("--anneal_frac", type=float, default=0.6, help="lambdas reach 0 at this fraction of updates")
     ap.add_argument("--n_eval", type=int, default=60, help="held-out tasks per seed")
     args = ap.parse_args()
@@ -242,6 +266,11 @@ if __name__ == "__main__":
         print(timeline(swarm.demo(os.path.join(args.out_dir, f"orchestrator_seed{args.seed}.pt"))))
     else:
         hp = {k: getattr(args, k) for k in ("sft_steps", "steps", "tasks_per_update", "group_size", "lr", "sft_lr",
-                                            "serial_prior", "decomp_frac", "n_eval")}
+                                            "serial_prior", "decomp_frac", "entropy_coef", "n_eval")}
         hp["arms"] = swarm.make_arms(args.lambda1, args.lambda2, args.anneal_frac)
+        if args.probe:
+            for seed in args.seeds or [args.seed]:
+                print({k: round(v, 3) if isinstance(v, float) else v for k, v in probe_warm_start(seed, hp).items()},
+                      flush=True)
+            sys.exit(0)
         run_experiment(tuple(args.seeds or [args.seed]), hp, args.out_dir, args.jobs, args.figure)

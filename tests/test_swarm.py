@@ -151,7 +151,7 @@ def test_runtime_rejects_bad_input_with_clear_errors():
 
 def test_scripted_subagents_are_frozen_and_follow_their_role():
     task = make_task(random.Random(5), "lookup", 4)
-    sub = subtask(task, 0, 3)
+    sub = subtask(task, range(4))
     steps, finished, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], sub, budget=100)
     assert finished and msg == task["gold"] and 2 * 4 <= steps <= 4 * 4
     steps, finished, msg, _, _, _ = run_subagent(scripted_worker, ROLES["coder"], sub, budget=100)
@@ -164,10 +164,12 @@ def test_scripted_subagents_are_frozen_and_follow_their_role():
     assert verdict[wrong] is False and sum(verdict.values()) == 3
     # a chain: a range that does not start at the known frontier cannot begin
     chain = make_task(random.Random(6), "chain", 5)
-    _, _, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], subtask(chain, 2, 4, None), 100)
+    _, _, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], subtask(chain, [2, 3, 4], None), 100)
     assert msg == {}
-    _, _, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], subtask(chain, 0, 4, chain["start"]), 100)
+    _, _, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], subtask(chain, range(5), chain["start"]), 100)
     assert msg == chain["gold"]
+    with pytest.raises(ValueError, match="consecutive"):
+        subtask(chain, [0, 2])
 
 
 def test_item_f1():
@@ -184,24 +186,49 @@ def _episode(f1=0.5, success=0.0, n_created=0, n_assigned=0, n_finished=0):
 
 
 def test_reward_terms_on_crafted_episodes():
-    r = parl_reward(_episode(), 0.2, 0.4)
+    def reward(*args, **kw):                   # r_perf = the episode's item-F1 (perf="f1")
+        return parl_reward(*args, **{"perf": "f1", **kw})
+    r = reward(_episode(), 0.2, 0.4)
     assert r["r_finish"] == 0 and r["r_parallel"] == 0 and r["r"] == pytest.approx(0.5)
-    r = parl_reward(_episode(n_created=8, n_assigned=8, n_finished=0), 0.2, 0.4, n_cap=16)
+    r = reward(_episode(n_created=8, n_assigned=8, n_finished=0), 0.2, 0.4, n_cap=16)
     assert r["r_finish"] == 0 and r["r_parallel"] == pytest.approx(0.5)
     assert r["r"] == pytest.approx(0.2 * 0.5 + 0.5)
-    r = parl_reward(_episode(f1=1.0, n_created=64, n_assigned=64, n_finished=16), 0.2, 0.4, n_cap=16)
+    r = reward(_episode(f1=1.0, n_created=64, n_assigned=64, n_finished=16), 0.2, 0.4, n_cap=16)
     assert r["r_parallel"] == 1.0 and r["r_finish"] == pytest.approx(0.25)
-    assert parl_reward(_episode(f1=0.9, success=1.0), 0, 0, perf="success")["r"] == 1.0
+    assert reward(_episode(f1=0.9, success=1.0), 0, 0, perf="success")["r"] == 1.0
     # agents created but never given a task count as unfinished (spawning idle agents does not pay r_finish)
     idle = dict(_episode(n_created=10, n_assigned=2, n_finished=2), n_idle=8)
-    assert parl_reward(idle, 0.0, 1.0)["r_finish"] == pytest.approx(0.2)
+    assert reward(idle, 0.0, 1.0)["r_finish"] == pytest.approx(0.2)
     with pytest.raises(ValueError, match="perf"):
-        parl_reward(_episode(), 0, 0, perf="bleu")
+        reward(_episode(), 0, 0, perf="bleu")
+
+
+def test_budgeted_reward_is_item_f1_under_a_random_critical_budget():
+    """r_perf (perf="budgeted") = the mean over budgets B = 10..40 of the item-F1 of the facts that had
+    arrived by step B: the same answer is worth less the later it arrives."""
+    assert (EnvConfig.train_budget_min, EnvConfig.critical_budget) == (10, 40)
+    task = make_task(random.Random(4), "lookup", 4)
+    gold = task["gold"]
+    first_two = dict(list(gold.items())[:2])
+
+    def episode(arrived):
+        return {**_episode(f1=1.0), "task": task, "answer": dict(gold), "arrived": arrived}
+    at = lambda step: {k: step for k in gold}                              # noqa: E731
+    assert parl_reward(episode(at(5)), 0, 0)["r_perf"] == pytest.approx(1.0)      # before every budget
+    assert parl_reward(episode(at(10)), 0, 0)["r_perf"] == pytest.approx(1.0)
+    assert parl_reward(episode(at(25)), 0, 0)["r_perf"] == pytest.approx(16 / 31)  # B = 25..40 of 10..40
+    assert parl_reward(episode(at(40)), 0, 0)["r_perf"] == pytest.approx(1 / 31)
+    split = {k: (5 if k in first_two else 30) for k in gold}                  # half at step 5, half at 30
+    half = item_f1(first_two, gold)
+    assert parl_reward(episode(split), 0, 0)["r_perf"] == pytest.approx((20 * half + 11 * 1.0) / 31)
+    assert parl_reward(episode(at(25)), 0, 0, perf="f1")["r_perf"] == 1.0       # the plain F1 ignores arrival
+    every_budget = EnvConfig(train_budget_min=1)                                 # B = 1..40
+    assert parl_reward(episode(at(25)), 0, 0, cfg=every_budget)["r_perf"] == pytest.approx(16 / 40)
 
 
 def _item_cost(task, i):
     """Critical steps a single agent spends on item i (search, then read until the fact)."""
-    return run_subagent(scripted_worker, ROLES["researcher"], subtask(task, i, i), 100)[0]
+    return run_subagent(scripted_worker, ROLES["researcher"], subtask(task, [i]), 100)[0]
 
 
 def _best_serial_calls(task):
@@ -212,16 +239,15 @@ def _best_serial_calls(task):
         if t + _item_cost(task, i) > EnvConfig.critical_budget - 1:
             break
         t += _item_cost(task, i)
-        calls.append(("self", i, i))
+        calls.append(("self", 1))
     return calls + [("answer",)]
 
 
 def _split_calls(task, n, role="researcher"):
-    """n sub-agents of one role, the items cut into n near-equal contiguous ranges, one wait, answer."""
+    """n sub-agents of one role, the items cut into n near-equal counts, one wait, answer."""
     W = task["width"]
     k = min(n, W)
-    b = [i * W // k for i in range(k + 1)]
-    return [("create", role)] * k + [("assign", i, b[i], b[i + 1] - 1) for i in range(k)] + [("wait",), ("answer",)]
+    return [("create", role)] * k + [("assign", i, W // k + (i < W % k)) for i in range(k)] + [("wait",), ("answer",)]
 
 
 def test_a_hand_written_parallel_episode_beats_the_best_serial_one_under_the_budgets():
@@ -247,7 +273,7 @@ def test_a_hand_written_parallel_episode_beats_the_best_serial_one_under_the_bud
     # items each (up to 48 steps of work) are cut off at their 24-step cap and bring nothing back
     task = make_task(random.Random(7), "lookup", 48)
     one_more = _best_serial_calls(task)[:-1]
-    one_more.append(("self", len(one_more), len(one_more)))
+    one_more.append(("self", 1))
     assert play(task, _stream(one_more + [("answer",)]))["f1"] == 0.0
     few = play(task, _stream(_split_calls(task, 4)))
     assert few["n_finished"] < 4 and few["f1"] < 1.0
@@ -285,40 +311,43 @@ def test_protocol_round_trips_render_and_parse():
     rng = random.Random(0)
     for _ in range(50):
         width = rng.randint(1, 48)
-        calls, n, busy = [], 0, set()
+        calls, n, busy, left = [], 0, set(), width      # left: open items (parse_calls: all come back)
         for _ in range(rng.randint(1, 12)):
             kind = rng.choice(["create", "assign", "self", "wait"])
             if kind == "create" and n < 16:
                 calls.append(("create", rng.choice(ROLE_TOKENS)))
                 n += 1
-            elif kind == "assign" and len(busy) < n:
+            elif kind == "assign" and len(busy) < n and left:
                 k = rng.choice([i for i in range(n) if i not in busy])
-                lo = rng.randrange(width)
-                calls.append(("assign", k, lo, rng.randint(lo, width - 1)))
+                calls.append(("assign", k, rng.randint(1, left)))
+                left -= calls[-1][2]
                 busy.add(k)
             elif kind == "wait" and busy:
                 calls.append(("wait",))
                 busy = set()
-            elif kind == "self" and not busy:
-                lo = rng.randrange(width)
-                calls.append(("self", lo, rng.randint(lo, width - 1)))
+            elif kind == "self" and not busy and left:
+                calls.append(("self", rng.randint(1, left)))
+                left -= calls[-1][1]
         calls.append(("answer",))
         ids = _stream(calls)
         assert from_text(render(ids)) == ids
         assert parse_calls(ids, width) == calls
-    assert render(_stream([("assign", 3, 0, 11)])) == "<assign> a3 0 11"
+    assert render(_stream([("assign", 3, 11)])) == "<assign> a3 11"
 
 
 @pytest.mark.parametrize("text, message", [
-    ("<assign> a0 0 1", "no free agent"),
-    ("<create> researcher <assign> a1 0 1", "unknown agent a1"),
-    ("<create> researcher <assign> a0 0 1 <assign> a0 2 2", "no free agent"),
-    ("<create> coder <create> coder <assign> a0 0 1 <assign> a0", "a0 is already busy"),
-    ("<self> 3 1", "item 1 outside"),
-    ("<self> 0 9", "item 9 outside the task's items 0..4"),
+    ("<assign> a0 1", "no free agent"),
+    ("<create> researcher <assign> a1 1", "unknown agent a1"),
+    ("<create> researcher <assign> a0 1 <assign> a0 2", "no free agent"),
+    ("<create> coder <create> coder <assign> a0 1 <assign> a0", "a0 is already busy"),
+    ("<self> 0", "a count must be 1..5"),
+    ("<self> 9", "got 9"),
+    ("<create> coder <create> coder <assign> a0 3 <assign> a1 3", "a count must be 1..2"),
+    ("<create> coder <create> coder <assign> a0 5 <assign>", "<assign> with no open item"),
+    ("<self> 5 <self>", "<self> with no open item"),
     ("<create> 7", "expected a role"),
     ("<wait>", "nothing assigned"),
-    ("<create> researcher <assign> a0 0 1 <self> 2 3", "<wait> for them first"),
+    ("<create> researcher <assign> a0 1 <self> 2", "<wait> for them first"),
     ("3 <answer>", "expected a call"),
     ("<res> me 2", "written by the environment"),
 ])
@@ -331,27 +360,27 @@ def test_malformed_calls_cost_the_episode_not_the_process(text, message):
     assert message in ep["error"] and ep["tokens"][-1] == TOK["<err>"]
     assert ep["f1"] == 0.0 and ep["answer"] == {} and not ep["answered"]
     with pytest.raises(ProtocolError, match="ends inside a call"):
-        parse_calls(from_text("<create> researcher <assign> a0 2"), width=5)
+        parse_calls(from_text("<create> researcher <assign> a0"), width=5)
 
 
 def test_a_scripted_token_stream_drives_the_runtime_to_the_same_trace_as_the_api():
     task = make_task(random.Random(11), "lookup", 14)
     calls = ([("create", "researcher")] * 3 + [("create", "coder")]
-             + [("assign", 0, 0, 4), ("assign", 1, 5, 9), ("assign", 3, 10, 13), ("wait",)]
-             + [("assign", 2, 10, 13), ("wait",), ("self", 0, 1), ("answer",)])
+             + [("assign", 0, 5), ("assign", 1, 5), ("assign", 3, 4), ("wait",)]       # the coder's 4 come back open
+             + [("assign", 2, 2), ("wait",), ("self", 2), ("answer",)])
     ep = play(task, _stream(calls))
     # the same episode written against the runtime's Python API
     rt = SwarmRuntime(scripted_worker, sub_step_budget=EnvConfig.sub_step_budget, executor="inline")
     for role in ["researcher"] * 3 + ["coder"]:
         rt.create_subagent(f"a{len(rt.agents)}", ROLES[role])
-    for name, (lo, hi) in zip(["a0", "a1", "a3"], [(0, 4), (5, 9), (10, 13)]):
-        rt.assign_task(name, subtask(task, lo, hi), budget=EnvConfig.critical_budget - 1)
+    for name, idx in zip(["a0", "a1", "a3"], [range(0, 5), range(5, 10), range(10, 14)]):
+        rt.assign_task(name, subtask(task, idx), budget=EnvConfig.critical_budget - 1)
     first = rt.gather()
     t = rt.trace.critical_steps
-    rt.assign_task("a2", subtask(task, 10, 13), budget=EnvConfig.critical_budget - t - 1)
+    rt.assign_task("a2", subtask(task, [10, 11]), budget=EnvConfig.critical_budget - t - 1)
     rt.gather()
-    for i in (0, 1):                                # <self> 0 1: one item per call, each step a main step
-        steps = run_subagent(scripted_worker, ROLES["researcher"], subtask(task, i, i), 100)[0]
+    for i in (12, 13):                              # <self> 2: one item per call, each step a main step
+        steps = run_subagent(scripted_worker, ROLES["researcher"], subtask(task, [i]), 100)[0]
         rt.main_step(steps)
     trace = rt.answer(None)
 
@@ -370,7 +399,7 @@ def test_a_scripted_token_stream_drives_the_runtime_to_the_same_trace_as_the_api
 
 def test_budget_run_out_before_answer_loses_the_answer():
     task = make_task(random.Random(2), "lookup", 30)
-    ep = play(task, _stream([("self", 0, 29), ("answer",)]))   # a single agent cannot do 30 items in 40 steps
+    ep = play(task, _stream([("self", 30), ("answer",)]))   # a single agent cannot do 30 items in 40 steps
     assert ep["tokens"][-1] == TOK["<end>"] and not ep["answered"] and ep["f1"] == 0.0
     assert ep["critical"] == ep["clock"] >= EnvConfig.critical_budget - 3
     trace = swarm.serial_trace(task, random.Random(0))         # the SFT traces answer before the clock runs out
@@ -427,7 +456,7 @@ def test_batched_episodes_equal_per_episode_decoding():
 def test_parl_loss_masks_prompt_and_environment_tokens():
     model = _tiny_model()
     task = make_task(random.Random(4), "lookup", 6)
-    calls = [("create", "researcher"), ("create", "researcher"), ("assign", 0, 0, 2), ("assign", 1, 3, 5),
+    calls = [("create", "researcher"), ("create", "researcher"), ("assign", 0, 3), ("assign", 1, 3),
              ("wait",), ("answer",)]
     ep = play(task, _stream(calls))
     env = [i for i, a in enumerate(ep["is_action"]) if not a]
@@ -438,16 +467,21 @@ def test_parl_loss_masks_prompt_and_environment_tokens():
     # the loss is -A * (sum of the orchestrator tokens' log-probs under the grammar mask), computed by hand
     x = torch.tensor(ep["tokens"])[None]
     logits, _ = model(x[:, :-1])
-    manual = 0.0
+    manual, entropy = 0.0, 0.0
     actions = [i for i, a in enumerate(ep["is_action"]) if a]
     for i, legal in zip(actions, ep["legal"]):
         masked = torch.full_like(logits[0, i - 1], float("-inf"))
         masked[legal] = logits[0, i - 1, legal]
         manual = manual + torch.log_softmax(masked, -1)[ep["tokens"][i]]
+        p = torch.softmax(logits[0, i - 1, legal], -1)
+        entropy = entropy - (p * p.log()).sum()
     loss = swarm.parl_loss(model, [ep], torch.tensor([0.7]))         # per orchestrator token
     assert loss.item() == pytest.approx(-0.7 * manual.item() / len(actions), rel=1e-5)
+    # the entropy bonus: the mean entropy of the grammar-masked policy over the orchestrator's tokens
+    with_bonus = swarm.parl_loss(model, [ep], torch.tensor([0.7]), entropy_coef=0.1)
+    assert with_bonus.item() == pytest.approx(loss.item() - 0.1 * entropy.item() / len(actions), rel=1e-5)
     # two episodes: each token weighs 1 / (all orchestrator tokens), however long its episode
-    short = play(task, _stream([("self", 0, 1), ("answer",)]))
+    short = play(task, _stream([("self", 2), ("answer",)]))
     both = swarm.parl_loss(model, [ep, short], torch.tensor([0.7, -0.4]))
     lp_short = swarm.action_logprobs(model, [short])[0].sum()
     n = len(actions) + sum(short["is_action"])
@@ -529,3 +563,22 @@ def test_solo_rollouts_have_no_sub_agent_tools():
     assert all(TOK["<create>"] not in legal for ep in eps for legal in ep["legal"])
     free = swarm.rollout(model, tasks, generator=torch.Generator().manual_seed(0))   # same model, tools on
     assert sum(ep["n_created"] > 0 for ep in free) >= 3
+
+
+def test_session_hands_out_open_items_by_count_and_rejects_bad_counts():
+    """assign(k, n) takes the next n open items: never one already out in this stage or already found."""
+    from swarm_env import Session
+    task = make_task(random.Random(5), "lookup", 7)
+    s = Session(task)
+    s.create("researcher")
+    s.create("researcher")
+    assert s.assign(0, 3) and s.open_items() == [3, 4, 5, 6]
+    assert s.assign(1, 4) and s.open_items() == []
+    with pytest.raises(ValueError, match="count of 1..0"):
+        s.assign(0, 1)
+    s.wait()
+    assert set(s.answer) == set(task["items"]) and s.open_items() == []
+    s2 = Session(task)
+    s2.create("researcher")
+    with pytest.raises(ValueError, match=r"count of 1\.\.7 .*got 8"):
+        s2.assign(0, 8)
