@@ -396,12 +396,14 @@ def train_arms(seed: int = 0, sft_steps: int = 250, steps: int = 100, tasks_per_
 COLUMNS = [("wide item-F1", "wide_f1", "{:.3f}"), ("wide crit. steps", "wide_critical", "{:.1f}"),
            ("sub-agents narrow", "narrow_agents", "{:.1f}"), ("sub-agents wide", "wide_agents", "{:.1f}"),
            ("sub-agents deep", "deep_agents", "{:.1f}"), ("sub-agent finish rate", "all_finish", "{:.2f}"),
+           ("finish rate narrow", "narrow_finish", "{:.2f}"),
            ("episodes answered", "all_answered", "{:.2f}"), ("deep item-F1", "deep_f1", "{:.3f}")]
 
 
 def cells(summary: dict) -> list:
     """One arm's table cells in COLUMNS order ("-" where a rate has no cases)."""
-    return ["-" if math.isnan(summary[key]) else fmt.format(summary[key]) for _, key, fmt in COLUMNS]
+    values = [summary.get(key, float("nan")) for _, key, _ in COLUMNS]
+    return ["-" if math.isnan(v) else fmt.format(v) for v, (_, _, fmt) in zip(values, COLUMNS)]
 
 
 def demo(path: str) -> dict:
