@@ -9,14 +9,40 @@ and every `kernel[grid](*args, **kwargs)` is appended to a list instead of being
 then compiles each recorded launch for sm_90 and sm_80 with Triton's own compiler.
 
 Nothing here changes what a real launch does: outside `record()` gpu_config(x) is x.is_cuda.
-It also holds the devices' peak tables (PEAK_TFLOPS, PEAK_GBS, peak_flops), the one low place that
-train.py's MFU and bench.py's % of peak both read. This file imports no concept file.
+It also holds what every concept file shares: the backend rule (`use_triton`: "auto" | "ref" | "triton"),
+the one-line argument check (`require`), and the devices' peak tables (PEAK_TFLOPS, PEAK_GBS, peak_flops)
+that train.py's MFU and bench.py's % of peak both read. This file imports no concept file.
 """
 import contextlib
+import os
 from dataclasses import dataclass
 
 import torch
 from triton.runtime.jit import KernelInterface
+
+BACKENDS = ("auto", "ref", "triton")
+
+
+def require(ok: bool, message: str, error=ValueError):
+    """Stop with `message`, one line, at an API boundary unless ok."""
+    if not ok:
+        raise error(message)
+
+
+def use_triton(backend: str, on_cuda: bool, fits: bool = True, op: str = "", limit: str = "") -> bool:
+    """The one backend rule of every op with a kernel: "ref" never runs it; "auto" runs it on CUDA tensors
+    that fit the kernel's limits (`fits`), else the reference; "triton" always, or one clear ValueError if
+    it cannot: CPU tensors need the interpreter (TRITON_INTERPRET=1), and the shapes must fit (`limit`)."""
+    require(backend in BACKENDS, f"{op}: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
+    if backend == "ref":
+        return False
+    if backend == "auto":
+        return on_cuda and fits
+    require(on_cuda or os.environ.get("TRITON_INTERPRET") == "1", f"{op}: backend='triton' on CPU tensors needs "
+            "CUDA, or TRITON_INTERPRET=1 set before triton is imported (the interpreter runs the kernels on CPU)")
+    require(fits, f"{op}: the Triton path supports {limit}; use backend='ref'")
+    return True
+
 
 # Dense bf16 tensor-core peaks (TFLOP/s, without sparsity) for MFU (train.py) and the benchmarks' % of
 # peak (bench.py), matched against the CUDA device name; the first match wins, so the more specific names
