@@ -12,7 +12,7 @@ as its text twin `<scene in words> Q: <question> A: <answer> <EOT>`; only the an
 closing EOT carry a loss (targets are -1 elsewhere). vision.EarlyFusion writes the image tokens over
 the IMAGE_PAD rows.
 
-API for train.py:
+API (train.py; concat_batches for experiments/fusion_timing.py):
     tasks = VisionTasks(seed=0, encoding=data.get_tokenizer())   # the default encoding
     idx, targets, images = tasks.batch("train", batch_size, block_size, rng_or_seed, text_twin=False)
         idx, targets: [B, T] long (targets -1 on image, prompt and padding positions)

@@ -21,7 +21,8 @@ import torch.nn.functional as F
 
 from attnres import AttnResStream
 from kda import KimiDeltaAttention, kda_flops_per_token
-from muonclip import attention_max_logit, fused_attention, max_logit
+from kernels.launch import BACKENDS
+from muonclip import softmax_attention
 from vision import EarlyFusion, apply_rope, rope_angles
 
 
@@ -66,7 +67,7 @@ class Config:
              f"kda_gate={self.kda_gate!r}: use channel (KDA) | head (Gated DeltaNet) | safe (bounded channel gate)"),
             (-math.inf < self.kda_gate_lower_bound < 0,
              f"kda_gate_lower_bound={self.kda_gate_lower_bound}: must be a finite number < 0"),
-            (self.backend in ("auto", "ref", "triton"), f"backend={self.backend!r}: use auto | ref | triton"),
+            (self.backend in BACKENDS, f"backend={self.backend!r}: use auto | ref | triton"),
             (self.n_head > 0 and self.n_embd % self.n_head == 0,
              f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}"),
             (not self.n_kv_head or self.n_head % self.n_kv_head == 0,
@@ -140,21 +141,11 @@ class CausalSelfAttention(nn.Module):
         if self.use_rope:
             pos = torch.arange(past, past + T, device=x.device)                          # [T]
             q, k = apply_rope_at(q, pos, self.rope_theta), apply_rope_at(k, pos, self.rope_theta)
-        if self.record_max_logit and self.training:
-            # a training forward (no cache) on Triton: attention and max logit from one kernel, no extra QKᵀ pass
-            fused = cache is None and fused_attention(self.backend, q)
-            if fused:
-                y, new = attention_max_logit(q, k, v, self.head_dim ** -0.5)          # [B, H, T, Dh], [B, H]
-            else:
-                new = max_logit(q.detach(), k.detach(), self.head_dim ** -0.5, self.backend)  # [B, H]
-            # max over the batch; over micro-steps too, until the optimizer reads and resets it
-            new = new.amax(dim=0)                                                      # [H]
-            self.max_logit = new if self.max_logit is None else torch.maximum(self.max_logit, new)
-            if fused:
-                return self.o_proj(y.transpose(1, 2).flatten(2))                      # [B, T, H*Dh]
-        if cache is not None:
-            k, v = self._cache_append(cache, k, v)                                     # [B, Hkv, past+T, Dh]
-        if past == 0 or T == 1:  # no cache, or a one-token step (a single query may see every cached key)
+        if cache is None:  # a whole sequence (training): QK-Clip's max logit is recorded here
+            y = softmax_attention(self, q, k, v, causal=True)                         # [B, H, T, Dh]
+            return self.o_proj(y.transpose(1, 2).flatten(2))                          # [B, T, H*Dh]
+        k, v = self._cache_append(cache, k, v)                                         # [B, Hkv, past+T, Dh]
+        if past == 0 or T == 1:  # an empty cache, or a one-token step (a single query may see every cached key)
             return self._attend(q, k, v, is_causal=(past == 0 and T > 1))
         mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)  # query t at past + t
         return self._attend(q, k, v, attn_mask=mask)

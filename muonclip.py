@@ -1,39 +1,23 @@
 """MuonClip: Muon's orthogonalised momentum for the hidden matrices, AdamW for the rest, and QK-Clip.
 
-The optimizer behind Kimi K2 (arXiv 2507.20534), built on Muon at scale (Moonlight, arXiv 2502.16982).
-
-Muon, for a hidden weight W [A, B] with gradient G (mu = 0.95):
-    M  <- mu·M + (1 - mu)·G                        momentum (EMA form; same direction as the sum form)
+Kimi K2 (arXiv 2507.20534), on Muon at scale (Moonlight, 2502.16982). For a hidden W [A, B], gradient G:
+    M  <- mu·M + (1 - mu)·G                        momentum (EMA form, mu = 0.95)
     U  <- (1 - mu)·G + mu·M                        Nesterov look-ahead
     O  <- NewtonSchulz5(U)                         ≈ U·(UᵀU)^(-1/2): all singular values pushed to ~1
-    W  <- W·(1 - lr·wd) - lr · 0.2·sqrt(max(A, B)) · O
-The 0.2·sqrt(max(A, B)) factor gives O the update RMS of a typical AdamW step (~0.2), so AdamW's learning
-rate and weight decay carry over ("match_rms_adamw"; Keller Jordan's sqrt(max(1, A/B)) is "original").
+    W  <- W·(1 - lr·wd) - lr · 0.2·sqrt(max(A, B)) · O     (0.2·sqrt(max(A, B)): AdamW's update RMS)
+Newton-Schulz: X <- U / ||U||_F, then five steps of X <- a·X + (b·A + c·A²)·X with A = X·Xᵀ and
+(a, b, c) = (3.4445, -4.7750, 2.0315), which maps every singular value into about [0.68, 1.13].
 
-Newton-Schulz: after X <- U / ||U||_F (every singular value <= 1; tall matrices are transposed first so A
-is the small side), five steps of
-    X <- a·X + (b·A + c·A²)·X,   A = X·Xᵀ,   (a, b, c) = (3.4445, -4.7750, 2.0315)
-map each singular value s through a·s + b·s³ + c·s⁵, into about [0.68, 1.13] (not exactly 1, which costs
-nothing in training and saves steps).
-
-QK-Clip, after every step: S_h is the largest scaled logit scale·q·k of softmax-attention head h over the
-batch and all causal pairs (all pairs for the bidirectional ViT), recorded in the forward pass. If S_h > τ
-(default 100), the head shrinks so its logits shrink by γ_h = τ / S_h:
+QK-Clip, after every step: S_h is the largest scaled logit scale·q·k of softmax-attention head h, recorded
+in the forward pass. If S_h > τ, with γ_h = τ / S_h:
     one key head per query head (MHA):   W_q rows of h  *= sqrt(γ_h),  W_k rows of h  *= sqrt(γ_h)
     grouped keys (GQA, H > Hkv):         W_q rows of h  *= γ_h,        the shared W_k is left alone
-The GQA rule is ours (K2 uses MLA, whose shared rotary key is likewise left alone): each offending head
-lands exactly on τ and every other head of the group stays bit-identical. Heads at or below τ, W_v, W_o
-and the optimizer state are never touched; KDA layers (L2-normalised q/k) have no logits to clip. A fused
-`qkv` projection (the ViT's) has its q and k row blocks scaled as separate W_q and W_k would be.
+so each clipped head lands on τ; other heads, W_v, W_o and the optimizer state are untouched. Routing:
+nn.Linear weights -> Muon; head, embeddings, convs -> AdamW; 1-D params, KDA gates -> AdamW, no decay.
 
-Which parameter goes where (MuonClip.from_model walks model.named_modules()):
-    nn.Linear weights                                      -> Muon
-    the output head ("lm_head"), embeddings, conv weights  -> AdamW with weight decay
-    1-D params (norm gains, biases) and KDA gates (A_log, dt_bias) -> AdamW, no weight decay
-A parameter shared by two modules (tied embedding/head) goes to AdamW.
-
-Bench: python bench.py muonclip     (Newton-Schulz, max logit, the optimizer step)
-Tests: python -m pytest tests/test_muonclip.py -q
+Run:   python experiments/muon_vs_adamw.py; python experiments/qk_clip.py
+Test:  python -m pytest tests/test_muonclip.py tests/test_attention.py -q
+Bench: python bench.py muonclip
 """
 import math
 from collections import defaultdict
@@ -41,39 +25,31 @@ from collections import defaultdict
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+import torch.nn.functional as F
+
+from kernels.attention import MAX_HEAD_DIM
+from kernels.launch import BACKENDS, require, use_triton
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
 GATE_PARAM_NAMES = ("A_log", "dt_bias")  # KDA decay-gate parameters: AdamW, no weight decay
-BACKENDS = ("auto", "ref", "triton")
 
 
 # ---------------------------------------------------------------------------------------------------
 # Newton-Schulz: the reference and the fast path
 
-def _require(ok: bool, message: str, error=ValueError):
-    """The argument checks below, one line each: stop with `message` at the API boundary."""
-    if not ok:
-        raise error(message)
-
-
-def _check_ns_args(G, steps, backend):
-    _require(isinstance(G, torch.Tensor) and G.ndim >= 2, "newton_schulz: G must be a tensor with at least 2 dims "
+def _check_ns_args(G, steps):
+    require(isinstance(G, torch.Tensor) and G.ndim >= 2, "newton_schulz: G must be a tensor with at least 2 dims "
              f"[..., rows, cols], got {tuple(G.shape) if isinstance(G, torch.Tensor) else type(G).__name__}")
-    _require(G.is_floating_point(), f"newton_schulz: G must be floating point, got {G.dtype}", TypeError)
-    _require(isinstance(steps, int) and steps >= 0, f"newton_schulz: steps must be a non-negative int, got {steps!r}")
-    _require(backend in BACKENDS, f"newton_schulz: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
+    require(G.is_floating_point(), f"newton_schulz: G must be floating point, got {G.dtype}", TypeError)
+    require(isinstance(steps, int) and steps >= 0, f"newton_schulz: steps must be a non-negative int, got {steps!r}")
 
 
 def newton_schulz_ref(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None = None,
                       coeffs: tuple[float, float, float] = NS_COEFFS, eps: float = NS_EPS) -> torch.Tensor:
-    """Quintic Newton-Schulz orthogonalisation of G [..., rows, cols], batched over leading dims.
-
-    dtype: the working precision; None means bfloat16 on CUDA (Muon's speed path) and float32 on CPU.
-    Returns a tensor of that dtype and G's shape whose singular values lie in about [0.68, 1.13].
-    The op order (addmm-style b·A + c·A·A, then a·X + B·X) follows torch.optim.Muon's routine.
-    """
-    _check_ns_args(G, steps, "ref")
+    """Quintic Newton-Schulz of G [..., rows, cols] in `dtype` (None: bf16 on CUDA, float32 on CPU), in
+    torch.optim.Muon's op order; returns G's shape, singular values in about [0.68, 1.13]."""
+    _check_ns_args(G, steps)
     dtype = dtype or (torch.bfloat16 if G.is_cuda else torch.float32)
     a, b, c = coeffs
     lead, (rows, cols) = G.shape[:-2], G.shape[-2:]
@@ -101,13 +77,9 @@ def newton_schulz_ref(G: torch.Tensor, steps: int = 5, dtype: torch.dtype | None
 
 def newton_schulz(G: torch.Tensor, steps: int = 5, backend: str = "auto", dtype: torch.dtype | None = None,
                   coeffs: tuple[float, float, float] = NS_COEFFS, eps: float = NS_EPS) -> torch.Tensor:
-    """Newton-Schulz with the symmetric Triton kernels (kernels/newton_schulz.py) or the reference.
-
-    backend "auto": Triton for CUDA tensors, the reference for CPU tensors; "triton" on a CPU tensor
-    runs the kernels under the Triton interpreter (slow; used by the tests).
-    """
-    _check_ns_args(G, steps, backend)
-    if backend == "ref" or (backend == "auto" and not G.is_cuda):
+    """newton_schulz_ref's result through the symmetric Triton kernels (kernels/newton_schulz.py)."""
+    _check_ns_args(G, steps)
+    if not use_triton(backend, G.is_cuda, op="newton_schulz"):
         return newton_schulz_ref(G, steps, dtype, coeffs, eps)
     from kernels.newton_schulz import newton_schulz_triton
     dtype = dtype or (torch.bfloat16 if G.is_cuda else torch.float32)
@@ -117,29 +89,25 @@ def newton_schulz(G: torch.Tensor, steps: int = 5, backend: str = "auto", dtype:
 # ---------------------------------------------------------------------------------------------------
 # Per-head max logit (what QK-Clip reads): reference, online Triton kernel, fused attention that returns it
 
-def _check_max_logit_args(q, k, scale, backend):
-    _require(isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim == 4 and k.ndim == 4,
+def _check_max_logit_args(q, k, scale):
+    require(isinstance(q, torch.Tensor) and isinstance(k, torch.Tensor) and q.ndim == 4 and k.ndim == 4,
              "max_logit: q must be [B, H, T, Dh] and k [B, Hkv, T, Dh] tensors, got "
              f"{getattr(q, 'shape', type(q))} and {getattr(k, 'shape', type(k))}")
     (B, H, T, Dh), (Bk, Hkv, Tk, Dk) = q.shape, k.shape
-    _require((B, T, Dh) == (Bk, Tk, Dk), f"max_logit: q {tuple(q.shape)} and k {tuple(k.shape)} must agree in B, T, Dh")
-    _require(Hkv > 0 and H % Hkv == 0, f"max_logit: n_head {H} must be a multiple of n_kv_head {Hkv}")
-    _require(T > 0 and B > 0, f"max_logit: empty input {tuple(q.shape)}")
-    _require(q.is_floating_point() and q.dtype == k.dtype,
+    require((B, T, Dh) == (Bk, Tk, Dk), f"max_logit: q {tuple(q.shape)} and k {tuple(k.shape)} must agree in B, T, Dh")
+    require(Hkv > 0 and H % Hkv == 0, f"max_logit: n_head {H} must be a multiple of n_kv_head {Hkv}")
+    require(T > 0 and B > 0, f"max_logit: empty input {tuple(q.shape)}")
+    require(q.is_floating_point() and q.dtype == k.dtype,
              f"max_logit: q and k must share a floating dtype, got {q.dtype} and {k.dtype}", TypeError)
-    _require(q.device == k.device, f"max_logit: q on {q.device} but k on {k.device}")
-    _require(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0,
+    require(q.device == k.device, f"max_logit: q on {q.device} but k on {k.device}")
+    require(isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0,
              f"max_logit: scale must be a positive finite number, got {scale!r}")
-    _require(backend in BACKENDS, f"max_logit: backend must be 'auto', 'ref' or 'triton', got {backend!r}")
 
 
 def max_logit_ref(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool = True) -> torch.Tensor:
-    """Max of scale·q·kᵀ per (batch, head), from the explicit T x T logits, in float32.
-
-    q [B, H, T, Dh], k [B, Hkv, T, Dh]; query head h reads key head h // (H // Hkv). Returns [B, H].
-    causal=True takes the max over pairs j <= i only (a decoder); False over all pairs (the ViT).
-    """
-    _check_max_logit_args(q, k, scale, "ref")
+    """Max of scale·q·kᵀ [B, H] (float32) over pairs j <= i (causal) or all pairs, for q [B, H, T, Dh] and
+    k [B, Hkv, T, Dh] (query head h reads key head h // (H // Hkv)), from the explicit T x T logits."""
+    _check_max_logit_args(q, k, scale)
     H, Hkv, T = q.shape[1], k.shape[1], q.shape[2]
     k = k.repeat_interleave(H // Hkv, dim=1)                           # [B, H, T, Dh]
     logits = (q.float() @ k.float().mT) * scale                        # [B, H, T, T]
@@ -153,40 +121,53 @@ def max_logit_ref(q: torch.Tensor, k: torch.Tensor, scale: float, causal: bool =
 def max_logit(q: torch.Tensor, k: torch.Tensor, scale: float, backend: str = "auto",
               causal: bool = True) -> torch.Tensor:
     """Same as max_logit_ref, without the T x T matrix on the Triton path (kernels/max_logit.py)."""
-    _check_max_logit_args(q, k, scale, backend)
-    if backend == "ref" or (backend == "auto" and not q.is_cuda):
+    _check_max_logit_args(q, k, scale)
+    if not use_triton(backend, q.is_cuda, op="max_logit"):
         return max_logit_ref(q, k, scale, causal)
     from kernels.max_logit import max_logit_triton
     return max_logit_triton(q.detach(), k.detach(), float(scale), causal)
 
 
-def fused_attention(backend: str, q: torch.Tensor) -> bool:
-    """Whether a training forward that records max logits runs attention_max_logit (one pass) instead of
-    SDPA + max_logit: the backend resolves to Triton (auto: CUDA, head dim within the kernel's 128)."""
-    return backend == "triton" or (backend == "auto" and q.is_cuda and q.shape[-1] <= 128)
-
-
 def attention_max_logit(q, k, v, scale: float, causal: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """Softmax attention o [B, H, T, Dh] of q [B, H, T, Dh] over k, v [B, Hkv, T, Dh] (causal or all pairs)
-    and the per-head max logit [B, H] in one Triton pass (kernels/attention.py): the online softmax's row
-    maxima are the logits' row maxima, so no second QKᵀ. Differentiable in q, k, v (not the max logit)."""
+    """(softmax attention [B, H, T, Dh], max logit [B, H]) in one Triton pass (kernels/attention.py): the
+    online softmax's row maxima are the logits' row maxima. Differentiable in q, k, v."""
     from kernels.attention import attention_max_logit_triton
     return attention_max_logit_triton(q, k, v, scale, causal)
+
+
+def softmax_attention(module: nn.Module, q, k, v, causal: bool = True) -> torch.Tensor:
+    """softmax(scale·q·kᵀ) v [B, H, T, Dh] for q [B, H, T, Dh], k, v [B, Hkv, T, Dh]: `module`'s attention
+    (the LM's or the ViT's). Training with module.record_max_logit set, each head's largest logit also
+    goes into module.max_logit [H] (max over batch and micro-steps until QK-Clip reads it): from the
+    fused kernel on the Triton backend, else from a max_logit pass beside SDPA."""
+    scale, recording = module.head_dim ** -0.5, module.record_max_logit and module.training
+    y = None
+    if recording:
+        if use_triton(module.backend, q.is_cuda, q.shape[-1] <= MAX_HEAD_DIM, "attention", f"head dim <= {MAX_HEAD_DIM}"):
+            y, new = attention_max_logit(q, k, v, scale, causal)                       # [B, H, T, Dh], [B, H]
+        else:
+            new = max_logit(q.detach(), k.detach(), scale, module.backend, causal)      # [B, H]
+        new = new.amax(dim=0)                                                          # [H]
+        module.max_logit = new if module.max_logit is None else torch.maximum(module.max_logit, new)
+    if y is None:
+        if k.shape[1] != q.shape[1]:                                                   # grouped KV heads
+            k, v = (x.repeat_interleave(q.shape[1] // k.shape[1], dim=1) for x in (k, v))  # [B, H, T, Dh]
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=causal and q.shape[2] > 1)
+    return y
 
 
 # ---------------------------------------------------------------------------------------------------
 # The optimizer
 
 def _is_attention(module: nn.Module) -> bool:
-    """Duck typing: a softmax-attention module that reports per-head max logits (q_proj/k_proj or one qkv)."""
+    # duck typing: a softmax-attention module that reports per-head max logits (q_proj/k_proj or one qkv)
     return ((hasattr(module, "q_proj") and hasattr(module, "k_proj")) or hasattr(module, "qkv")) and \
         all(hasattr(module, a) for a in ("n_head", "n_kv_head", "head_dim", "record_max_logit"))
 
 
 def _qk_head_rows(m: nn.Module, name: str):
-    """Views [H, Dh, ...] of the query rows and [Hkv, Dh, ...] of the key rows of m's `name` tensor
-    ("weight" or "bias"), or None when m's projections have no such tensor. A fused qkv projection
-    lays its output features out as (3, H, Dh): q, then k, then v."""
+    """Views [H, Dh, ...] of the query rows and [Hkv, Dh, ...] of the key rows of m's "weight" or "bias"
+    (None if absent); a fused qkv projection lays its outputs out as (3, H, Dh)."""
     H, Hkv, Dh = m.n_head, m.n_kv_head, m.head_dim
     if hasattr(m, "qkv"):
         t = getattr(m.qkv, name)
@@ -209,31 +190,27 @@ def _world() -> tuple[int, int]:
 
 
 class MuonClip(torch.optim.Optimizer):
-    """Muon for groups with use_muon=True, AdamW for the others, then QK-Clip on the attention modules.
-
-    Build it with MuonClip.from_model(model, lr=..., weight_decay=...), or pass param groups yourself (each
-    may set "use_muon"; when absent, params with ndim >= 2 go to Muon). qk_clip_tau: τ, or None for plain
-    Muon. After each step, self.last_clip_stats is None (no attention module ran) or
-        {"layers": [name, ...], "max_logit": [float per layer, max over heads, before the clip],
-         "clipped_heads": [int per layer], "max_logit_per_head": [[float per head] per layer]}.
-    """
+    """Muon for groups with use_muon=True (default: params with ndim >= 2), AdamW for the others, then
+    QK-Clip at τ = qk_clip_tau (None: plain Muon). Build it with MuonClip.from_model(model, ...).
+    After each step, last_clip_stats is None or {"layers", "max_logit" (per layer, before the clip),
+    "clipped_heads", "max_logit_per_head"}."""
 
     def __init__(self, params, lr: float = 1e-3, weight_decay: float = 0.1, momentum: float = 0.95,
                  nesterov: bool = True, ns_steps: int = 5, adjust_lr: str = "match_rms_adamw",
                  adamw_betas: tuple[float, float] = (0.9, 0.95), adamw_eps: float = 1e-8,
                  qk_clip_tau: float | None = 100.0, attention_modules=(), ns_backend: str = "auto",
                  ns_dtype: torch.dtype | None = None):
-        _require(isinstance(lr, (int, float)) and lr >= 0, f"MuonClip: lr must be a number >= 0, got {lr!r}")
-        _require(isinstance(weight_decay, (int, float)) and weight_decay >= 0,
+        require(isinstance(lr, (int, float)) and lr >= 0, f"MuonClip: lr must be a number >= 0, got {lr!r}")
+        require(isinstance(weight_decay, (int, float)) and weight_decay >= 0,
                  f"MuonClip: weight_decay must be >= 0, got {weight_decay!r}")
-        _require(0.0 <= momentum < 1.0, f"MuonClip: momentum must be in [0, 1), got {momentum!r}")
-        _require(adjust_lr in ("match_rms_adamw", "original"),
+        require(0.0 <= momentum < 1.0, f"MuonClip: momentum must be in [0, 1), got {momentum!r}")
+        require(adjust_lr in ("match_rms_adamw", "original"),
                  f"MuonClip: adjust_lr must be 'match_rms_adamw' or 'original', got {adjust_lr!r}")
-        _require(len(adamw_betas) == 2 and all(0.0 <= beta < 1.0 for beta in adamw_betas),
+        require(len(adamw_betas) == 2 and all(0.0 <= beta < 1.0 for beta in adamw_betas),
                  f"MuonClip: adamw_betas must be two numbers in [0, 1), got {adamw_betas!r}")
-        _require(qk_clip_tau is None or (isinstance(qk_clip_tau, (int, float)) and qk_clip_tau > 0),
+        require(qk_clip_tau is None or (isinstance(qk_clip_tau, (int, float)) and qk_clip_tau > 0),
                  f"MuonClip: qk_clip_tau must be a positive number or None, got {qk_clip_tau!r}")
-        _require(ns_backend in BACKENDS, f"MuonClip: ns_backend must be 'auto', 'ref' or 'triton', got {ns_backend!r}")
+        require(ns_backend in BACKENDS, f"MuonClip: ns_backend must be 'auto', 'ref' or 'triton', got {ns_backend!r}")
         defaults = dict(lr=lr, weight_decay=weight_decay, momentum=momentum, nesterov=nesterov,
                         ns_steps=ns_steps, adjust_lr=adjust_lr, betas=tuple(adamw_betas), eps=adamw_eps)
         super().__init__(params, defaults)
@@ -257,11 +234,8 @@ class MuonClip(torch.optim.Optimizer):
     def from_model(cls, model: nn.Module, lr: float = 1e-3, weight_decay: float = 0.1,
                    qk_clip_tau: float | None = 100.0, head_name: str = "lm_head", use_muon: bool = True,
                    track_max_logit: bool = True, **kwargs) -> "MuonClip":
-        """Route a model's parameters (see the module docstring) and hook up its attention modules.
-
-        use_muon=False: every parameter to AdamW with the same decay rules (the AdamW baseline, with
-        qk_clip_tau=None). track_max_logit: max logits are reported even when nothing is clipped.
-        ns_backend defaults to model.config.backend (model.Config.backend governs every kernel)."""
+        """Route a model's parameters (module docstring) and hook up its attention modules. use_muon=False:
+        all to AdamW (the baseline). ns_backend defaults to model.config.backend (one switch)."""
         roles = {}  # id(param) -> "muon" | "decay" | "no_decay"; a shared param takes the AdamW role
         params = {}
         for mod_name, module in model.named_modules():
@@ -324,10 +298,8 @@ class MuonClip(torch.optim.Optimizer):
             p.add_(o.reshape(p.shape), alpha=-_adjusted_lr(lr, p.shape, group["adjust_lr"]))
 
     def _orthogonalise(self, mats, steps):
-        """Newton-Schulz of every matrix, batched by shape; under torch.distributed each rank does a share:
-        same-shape matrices are stacked [n, A, B] and padded to a multiple of the W ranks (zero matrices stay
-        zero), rank r orthogonalises slice r, and all_gather reassembles the stack, so every rank applies the
-        same updates (grads are identical after DDP's all-reduce)."""
+        """Newton-Schulz of every matrix, batched by shape. Under DDP rank r takes slice r of each
+        zero-padded [n, A, B] stack and all_gather reassembles it, so every rank applies the same updates."""
         world, rank = _world()
         out = [None] * len(mats)
         by_shape = defaultdict(list)
@@ -367,10 +339,8 @@ class MuonClip(torch.optim.Optimizer):
 
     @torch.no_grad()
     def qk_clip(self):
-        """Clip every head whose recorded max logit exceeds τ (see the module docstring); fill last_clip_stats.
-        Called at the end of step(). Reads each module.max_logit ([n_head] float32, all-reduced with MAX
-        across ranks so every rank clips alike) and resets it to None: a module that does not run in the
-        next step is not clipped twice with stale numbers."""
+        """Clip every head whose recorded max logit (all-reduced with MAX across ranks) exceeds τ; fill
+        last_clip_stats. Resets each module.max_logit, so a module that does not run is not clipped twice."""
         layers = [(n, m) for n, m in self.attention_modules if getattr(m, "max_logit", None) is not None]
         if not layers:
             self.last_clip_stats = None

@@ -18,6 +18,7 @@ This file is the configuration and the loop. The plumbing that makes runs trustw
 checks, run folders and resume rules, atomic checkpoints, fault injection, Ctrl-C, progress lines,
 plots) is in runs.py.
 """
+import contextlib
 import math
 import os
 import sys
@@ -78,16 +79,6 @@ class TrainConfig:
     model: Config = field(default_factory=lambda: Config(
         block_size=512, n_layer=8, n_head=8, n_embd=512, pattern="KKKA", residual="attnres_block",
         attnres_block_size=2, vision=True, vision_patch_size=4, vision_n_embd=128, vision_n_layer=2))
-
-
-# Without a GPU: the same ideas (KKKA, block AttnRes, image rows from step 0, MuonClip) at a size two
-# CPU cores train in about four minutes. Image rows use the two one-shape tasks, which a model this small
-# learns within the run (measured: lr 4e-3 reaches 0.97 image accuracy at step 200, 8e-3 only 0.67).
-CPU_DEFAULTS = dict(data="shakespeare", batch_size=10, grad_accum=1, max_iters=200, warmup_iters=20,
-                    eval_interval=50, eval_iters=5, ckpt_interval=100, lr=4e-3, sample_tokens=100,
-                    vision_ratio=0.2, vision_tasks="color_one,side_one",
-                    block_size=128, n_layer=4, n_head=4, n_embd=128, tie_embeddings=True,
-                    vision_patch_size=8, vision_n_embd=64, vision_n_layer=1, vision_n_head=4)
 
 
 # Without a GPU: the same ideas (KKKA, block AttnRes, image rows from step 0, MuonClip) at a size two
@@ -232,7 +223,6 @@ class Run:
     rank: int
     world: int
     ddp: bool
-    model: torch.nn.Module          # what the loop calls (DDP- or compile-wrapped)
     raw_model: GPT                  # the module whose weights are saved, evaluated and sampled
     optimizer: torch.optim.Optimizer
     data_gen: torch.Generator       # the data order, the same on every process
@@ -240,10 +230,15 @@ class Run:
     val_tokens: np.ndarray
     folder: str                     # the tokenised data
     autocast: object
+    model: torch.nn.Module = None   # what the loop calls: raw_model, or it wrapped by DDP or torch.compile
     vision_tasks: object = None
     blind: float | None = None      # the best image-blind accuracy on the eval questions
     history: list = field(default_factory=list)
     start_step: int = 0
+
+    def __post_init__(self):
+        if self.model is None:
+            self.model = self.raw_model
 
     @property
     def master(self) -> bool:
@@ -265,8 +260,10 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world
         raise SystemExit(f"error: {e}") from None
     optimizer = build_optimizer(model, cfg)
     data_gen = torch.Generator().manual_seed(cfg.seed)
-    run = Run(cfg, device, rank, world, ddp, model, model, optimizer, data_gen, train_tokens, val_tokens, folder,
-              torch.autocast("cuda", dtype=torch.bfloat16) if is_cuda else torch.autocast("cpu", enabled=False))
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if is_cuda else torch.autocast("cpu", enabled=False)
+    run = Run(cfg=cfg, device=device, rank=rank, world=world, ddp=ddp, raw_model=model,
+              optimizer=optimizer, data_gen=data_gen, train_tokens=train_tokens, val_tokens=val_tokens,
+              folder=folder, autocast=autocast)
     if ckpt is not None:
         runs.restore(run, ckpt)   # weights, optimizer, data order, RNGs, the log up to the checkpoint
     if cfg.compile:
@@ -304,7 +301,7 @@ def train_step(run: Run, step: int) -> tuple[torch.Tensor, int]:
         flops += run.raw_model.training_flops(len(x), T, sizes, head_positions=int((y != -1).sum()))
         x, y = x.to(run.device), y.to(run.device)
         sync = micro == accum - 1
-        ctx = run.model.no_sync() if run.ddp and not sync else torch.enable_grad()
+        ctx = run.model.no_sync() if run.ddp and not sync else contextlib.nullcontext()
         with ctx, run.autocast:
             _, loss = run.model(x, y, images=images, loss_only=True)
             (loss / accum).backward()

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import kernels.attention as ka
+from kernels.launch import use_triton
 import model
 import muonclip
 from conftest import DEVICE, HAS_CUDA, assert_close
@@ -118,8 +119,7 @@ def _count_fused(monkeypatch):
 def _no_separate_pass(monkeypatch):
     def fail(*a, **kw):
         raise AssertionError("the separate max-logit pass ran")
-    monkeypatch.setattr(model, "max_logit", fail)
-    monkeypatch.setattr(muonclip, "max_logit", fail)
+    monkeypatch.setattr(muonclip, "max_logit", fail)     # softmax_attention's separate pass
 
 
 def test_model_attention_uses_the_fused_kernel_when_recording(monkeypatch):
@@ -171,13 +171,19 @@ def test_vit_block_uses_the_fused_kernel_when_recording(monkeypatch):
         assert_close(p_ref.grad, p.grad, 1e-4, name)
 
 
-def test_auto_backend_takes_the_fused_kernel_on_cuda_only():
-    cpu = torch.empty(1, 1, 1, 64)
-    assert muonclip.fused_attention("triton", cpu) and not muonclip.fused_attention("ref", cpu)
-    assert not muonclip.fused_attention("auto", cpu)
-    if torch.cuda.is_available():
-        assert muonclip.fused_attention("auto", cpu.cuda())
-        assert not muonclip.fused_attention("auto", torch.empty(1, 1, 1, 256, device="cuda"))  # past the kernel
+def test_the_one_backend_rule(monkeypatch):
+    # kernels.launch.use_triton decides for every op with a kernel (attention, max logit, Newton-Schulz, KDA, AttnRes)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not use_triton("ref", on_cuda=True) and not use_triton("auto", on_cuda=False)
+    assert use_triton("auto", on_cuda=True) and not use_triton("auto", on_cuda=True, fits=False)  # past the kernel: ref
+    assert use_triton("triton", on_cuda=False)                                 # CPU tensors, under the interpreter
+    with pytest.raises(ValueError, match="attention: the Triton path supports head dim <= 128"):
+        use_triton("triton", True, False, "attention", "head dim <= 128")
+    with pytest.raises(ValueError, match="backend must be 'auto', 'ref' or 'triton', got 'cuda'"):
+        use_triton("cuda", True, op="attention")
+    monkeypatch.delenv("TRITON_INTERPRET")
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        use_triton("triton", on_cuda=False, op="attention")
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -162,6 +162,22 @@ def test_splits_are_disjoint():
 
 # ----------------------------------------------------------------------------- patches and positions
 
+def unpatchify(patches, grid, patch, size):
+    """Inverse of vision.patchify: [G, rows*cols, C*p*p] -> [G, C, H, W], cropping the padding."""
+    G, _, K = patches.shape
+    rows, cols = grid
+    C = K // (patch * patch)
+    x = patches.view(G, rows, cols, C, patch, patch).permute(0, 3, 1, 4, 2, 5)  # [G, C, rows, p, cols, p]
+    return x.reshape(G, C, rows * patch, cols * patch)[:, :, :size[0], :size[1]]
+
+
+def unmerge_2x2(x, rows, cols):
+    """Inverse of vision.merge_2x2: [G, rows/2 * cols/2, 4D] -> [G, rows*cols, D]."""
+    G, _, D4 = x.shape
+    x = x.view(G, rows // 2, cols // 2, 2, 2, D4 // 4).permute(0, 1, 3, 2, 4, 5)  # [G, R, 2, Cc, 2, D]
+    return x.reshape(G, rows * cols, D4 // 4)
+
+
 @pytest.mark.parametrize("H,W", [(1, 1), (5, 7), (28, 36), (33, 17), (24, 40)])
 def test_patchify_unpatchify_odd_sizes(H, W):
     p = 4
@@ -169,7 +185,7 @@ def test_patchify_unpatchify_odd_sizes(H, W):
     patches, (rows, cols) = vision.patchify(img, p)
     assert rows % 2 == 0 and cols % 2 == 0 and rows * p >= H and cols * p >= W and (rows - 2) * p < H and (cols - 2) * p < W
     assert patches.shape == (2, rows * cols, 3 * p * p)
-    assert torch.equal(vision.unpatchify(patches, (rows, cols), p, (H, W)), img)
+    assert torch.equal(unpatchify(patches, (rows, cols), p, (H, W)), img)
     # patch k sits at (row, col) = positions[k] and holds exactly that crop of the (zero-padded) image
     padded = torch.zeros(2, 3, rows * p, cols * p)
     padded[:, :, :H, :W] = img
@@ -184,7 +200,7 @@ def test_patchify_unpatchify_odd_sizes(H, W):
     R, C = divmod(j, cols // 2)
     want = torch.cat([patches[:, (2 * R + dr) * cols + 2 * C + dc] for dr in (0, 1) for dc in (0, 1)], dim=1)
     assert torch.equal(merged[:, j], want)
-    assert torch.equal(vision.unmerge_2x2(merged, rows, cols), patches)
+    assert torch.equal(unmerge_2x2(merged, rows, cols), patches)
 
 
 def test_patch_positions_are_2d():
