@@ -1,50 +1,35 @@
 """Agent Swarm and Parallel-Agent RL (PARL), in miniature: the orchestrator is a language model.
 
-Kimi K2.5 (arXiv 2602.02276, section 3) trains one orchestrator with two extra tools,
-create_subagent(name, system_prompt) and assign_task(agent, task). Sub-agents are frozen; their one
-message each comes back as an observation; only the orchestrator learns, with
+Kimi K2.5 (arXiv 2602.02276, section 3): one trained orchestrator, frozen sub-agents, two tools
+(create_subagent, assign_task); cost in critical steps = sum over stages of (orchestrator steps +
+slowest sub-agent's steps). Here a `model.GPT` (2 layers, width 64) writes its calls as tokens:
 
-    r = lambda1 * r_parallel + lambda2 * r_finish + r_perf,      lambda1, lambda2 annealed to 0,
+    <bos> <task> FAMILY W |    prompt: lookup (wide) | chain (deep), items 0..W-1
+    <create> ROLE              researcher | fact-checker | coder; agents are named a0, a1, ...
+    <assign> aK N, <self> N    aK (or the orchestrator, a step per tool call) takes the next N open items
+    <wait>                     gather the stage; reply [<res> aK N ... @ T]: facts per launch, the clock
+    <answer>                   submit ([<end>]: budget or context ran out, [<err>]: malformed; both score 0)
 
-under a budget of critical steps = sum over stages of (orchestrator steps + slowest sub-agent's steps).
-Here the orchestrator is a `model.GPT` (2 attention layers, width 64) that writes its calls as tokens:
+SFT on scripted traces (9 in 10 a single agent, 1 in 10 a decomposition blind to the task), then PARL,
+100 updates of 8 tasks x K = 8 samples, MuonClip:
 
-    <bos> <task> FAMILY W |     prompt: FAMILY = lookup (wide) | chain (deep); items are 0..W-1
-    <create> ROLE               ROLE = researcher | fact-checker | coder; agents are named a0, a1, ...
-    <assign> aK N               launch aK on the next N open items (not found yet, not out in this stage)
-    <self> N                    do the next N open items yourself, one tool call per step
-    <wait>                      gather the stage; the runtime replies [<res> aK N ...]: facts per launch
-    <answer>                    submit the facts that came back; ends the episode
+    r = lambda1 r_parallel + lambda2 r_finish + r_perf,   lambda_i(u) = lambda_i0 max(0, 1 - u / (0.6 U))
+    r_parallel = min(n_created, 16) / 16,   r_finish = n_finished / (n_assigned + n_idle)
+    r_perf = mean over B in 10..40 of item-F1(facts arrived by critical step B)
+    A = (r - group mean) / group std,   loss = -sum_e A_e sum_t log p / n_orchestrator_tokens - 0.01 H
 
-Every reply ends with the clock [@ T], critical steps so far; [<end>]: the budget or the context ran out
-before <answer>, nothing is submitted; [<err>]: a malformed call (ProtocolError), the episode scores 0.
-Decoding is constrained by a grammar mask (CallParser.legal); `rollout` decodes a batch of episodes
-through the KV cache. Training: (a) SFT on scripted traces, 9 in 10 a single agent working alone, 1 in
-10 a decomposition blind to the task (2-16 agents, random roles and shares: some pay, most do not),
-targets smoothed over the legal tokens; (b) PARL, 100 updates of 8 tasks x K = 8 samples: A = (r - group
-mean) / group std, loss = -sum_e A_e sum_t log p / (orchestrator tokens in the batch; never the
-environment's) - 0.01 * mean entropy of the masked policy, MuonClip. The single-agent baseline is the
-SFT model with no <create> in its grammar.
-Closed forms (project choices; the report gives none): r_perf = item-F1 within a critical-step budget
-B drawn uniformly from 10..40 (its expectation: the mean over B of the F1 of the facts arrived by step
-B; K2.5 trains under a critical-step budget, this draws it per episode), r_parallel = min(n_created,
-16) / 16, r_finish = n_finished / (n_assigned + n_idle), lambda_i(u) = lambda_i0 max(0, 1 - u / (a U)).
-
-Support modules: swarm_protocol.py (vocabulary, the grammar, ProtocolError), swarm_env.py (tasks,
-frozen scripted sub-agents, item-F1, a Session that executes the calls), swarm_runtime.py (thread pool,
-traces, critical steps). The experiment harness (seeds, tables, figures, timeline) is
-experiments/swarm_parl.py; the runtime benchmark is `python bench.py swarm`.
-
-Run:  python swarm.py           the five arms (single agent = the SFT model, outcome only, outcome + fixed
-                                r_parallel, PARL without annealing, PARL annealed) for one seed, a table
-      python swarm.py --demo    one episode as the trained orchestrator (PARL, annealed) wrote it
-      python experiments/swarm_parl.py --seeds 0 1 2     the experiment: seeds, tables, figures
+Run:   python swarm.py                                 five arms, one seed: a table
+       python swarm.py --demo                          one episode of the trained orchestrator
+       python experiments/swarm_parl.py --seeds 0 1 2  the multi-seed experiment, tables and figures
+Test:  python -m pytest tests/test_swarm.py -q
+Bench: python bench.py swarm
 """
 import argparse
 import copy
 import math
 import os
 import random
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -59,9 +44,7 @@ from swarm_protocol import MAX_NUM, PAD, TOK, VOCAB, CallParser, ProtocolError, 
 
 
 class Episode:
-    """One task played through the protocol. step(token) takes one orchestrator token and returns the
-    environment tokens to append (often none). The stream, which tokens the orchestrator wrote, and the
-    legal set at each of them are kept for training."""
+    """One task played through the protocol: step(token) returns the environment's reply tokens."""
 
     def __init__(self, task: dict, cfg: EnvConfig = EnvConfig(), executor="inline", step_delay: float = 0.0,
                  max_len: int = 240, solo: bool = False):
@@ -123,9 +106,9 @@ class Episode:
                 "answered": bool(self.calls) and self.calls[-1] == ("answer",) and self.error is None}
 
 
-def play(task: dict, ids, cfg: EnvConfig = EnvConfig(), **kw) -> dict:
+def play(task: dict, ids, cfg: EnvConfig = EnvConfig()) -> dict:
     """Drive one episode with a fixed stream of orchestrator tokens (scripted, tests, SFT traces)."""
-    ep = Episode(task, cfg, **kw)
+    ep = Episode(task, cfg)
     for t in ids:
         if ep.done:
             break
@@ -135,17 +118,11 @@ def play(task: dict, ids, cfg: EnvConfig = EnvConfig(), **kw) -> dict:
     return ep.result()
 
 
-def serial_trace(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> dict:
-    """A single agent doing the work itself (swarm_env.serial_calls), as an episode."""
-    return play(task, encode_calls(serial_calls(task, rng, cfg)), cfg)
-
-
 # --- 2. The orchestrator model, batched rollouts through its cache, the losses ---------------------
 
 
 def orchestrator_config(**overrides) -> Config:
-    """2 attention layers (RoPE), width 64, 4 heads, a context of 320 tokens. pattern="KA" gives the
-    project's hybrid (a KDA layer, then NoPE attention); its CPU reference path trains ~6x slower."""
+    """2 attention layers (RoPE), width 64, 4 heads, context 320; pattern="KA" is the KDA hybrid."""
     base = dict(vocab_size=len(VOCAB), block_size=320, n_layer=2, n_head=4, n_embd=64, pattern="A",
                 tie_embeddings=False)
     return Config(**{**base, **overrides})
@@ -153,22 +130,17 @@ def orchestrator_config(**overrides) -> Config:
 
 @torch.no_grad()
 def rollout(model: GPT, tasks: list, cfg: EnvConfig = EnvConfig(), greedy: bool = False,
-            generator: torch.Generator | None = None, constrained: bool = True, executor="inline",
-            step_delay: float = 0.0, temperature: float = 1.0, solo: bool = False) -> list:
-    """Play len(tasks) episodes at once with the model as orchestrator; returns their result dicts.
-
-    Each iteration feeds every live row one chunk: its last sampled token followed by the environment's
-    reply (prefill after the cache), right-padded to the longest chunk (valid mask). Without
-    `constrained`, the model may write any token and a malformed call ends its episode. `solo`: the
-    grammar has no <create>, so the model works alone (the single-agent baseline).
-    """
+            generator: torch.Generator | None = None, executor="inline", step_delay: float = 0.0,
+            solo: bool = False) -> list:
+    """Play the tasks' episodes as one grammar-masked batch; returns their result dicts. Each iteration
+    feeds every live row its last token plus the environment's reply through the KV cache, right-padded
+    (valid mask). solo: no <create> in the grammar (the single-agent baseline)."""
     was_training = model.training
     model.eval()
     eps = [Episode(t, cfg, executor, step_delay, max_len=model.config.block_size - 8, solo=solo) for t in tasks]
     caches = [dict() for _ in model.blocks]
     live = list(range(len(eps)))                  # episode index of each batch row
     chunks = [ep.tokens[:] for ep in eps]
-    any_token = [i for i in range(len(VOCAB)) if i != PAD]
     while live:
         width = max(len(c) for c in chunks)
         idx = torch.full((len(live), width), PAD, dtype=torch.long)
@@ -176,13 +148,13 @@ def rollout(model: GPT, tasks: list, cfg: EnvConfig = EnvConfig(), greedy: bool 
         mask = torch.zeros(len(live), len(VOCAB), dtype=torch.bool)
         for r, c in enumerate(chunks):
             idx[r, :len(c)], valid[r, :len(c)] = torch.tensor(c), True
-            mask[r, eps[live[r]].parser.legal() if constrained else any_token] = True
+            mask[r, eps[live[r]].parser.legal()] = True
         logits, _ = model(idx, caches=caches, valid=valid)
         last = logits[torch.arange(len(live)), valid.sum(1) - 1].masked_fill(~mask, float("-inf"))   # [B, V]
         if greedy:
             nxt = last.argmax(-1)
         else:
-            nxt = torch.multinomial(F.softmax(last / temperature, -1), 1, generator=generator).squeeze(1)
+            nxt = torch.multinomial(F.softmax(last, -1), 1, generator=generator).squeeze(1)
         chunks, keep = [], []
         for r, e in enumerate(live):
             reply = eps[e].step(int(nxt[r]))
@@ -199,8 +171,8 @@ def rollout(model: GPT, tasks: list, cfg: EnvConfig = EnvConfig(), greedy: bool 
 
 
 def _masked_logp(model: GPT, episodes: list):
-    """Episodes stacked: grammar-masked log-probs [E, T, V], targets [E, T], which targets are the
-    orchestrator's [E, T], legal masks [E, T, V] (all True where no action: keeps log_softmax finite)."""
+    """Episodes stacked: grammar-masked log-probs [E, T, V], targets, orchestrator-target mask [E, T],
+    legal masks [E, T, V] (all True off the actions: keeps log_softmax finite)."""
     T, E, V = max(len(ep["tokens"]) for ep in episodes) - 1, len(episodes), len(VOCAB)
     x, y = torch.full((E, T), PAD, dtype=torch.long), torch.full((E, T), PAD, dtype=torch.long)
     act, legal = torch.zeros(E, T, dtype=torch.bool), torch.ones(E, T, V, dtype=torch.bool)
@@ -214,18 +186,9 @@ def _masked_logp(model: GPT, episodes: list):
     return F.log_softmax(logits.masked_fill(~legal, float("-inf")), -1), y, act, legal
 
 
-def action_logprobs(model: GPT, episodes: list) -> torch.Tensor:
-    """[E, T] log p of each target token under the grammar-masked policy; 0 at non-action tokens."""
-    logp, y, act, _ = _masked_logp(model, episodes)
-    chosen = logp.gather(2, y[..., None]).squeeze(2)                               # [E, T]
-    return torch.where(act, chosen, torch.zeros_like(chosen))
-
-
 def parl_loss(model: GPT, episodes: list, advantages: torch.Tensor, entropy_coef: float = 0.0) -> torch.Tensor:
-    """-sum_e A_e * sum_{orchestrator tokens} log p / (orchestrator tokens in the batch): each token's
-    credit weighs the same in a short or a long episode; prompt and environment tokens carry no loss.
-    entropy_coef > 0 subtracts that much of the mean entropy of the grammar-masked policy at the
-    orchestrator's tokens (keeps it sampling other splits instead of settling on the first that pays)."""
+    """-sum_e A_e sum_t log p / (orchestrator tokens in the batch), minus entropy_coef x the masked policy's
+    mean entropy (keeps it trying other splits). Prompt and environment tokens carry no loss."""
     logp, y, act, legal = _masked_logp(model, episodes)
     lp = torch.where(act, logp.gather(2, y[..., None]).squeeze(2), torch.zeros(act.shape))    # [E, T]
     n_tokens = max(int(act.sum()), 1)
@@ -237,10 +200,8 @@ def parl_loss(model: GPT, episodes: list, advantages: torch.Tensor, entropy_coef
 
 
 def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.97, arg_prior: float = 0.98) -> torch.Tensor:
-    """Cross-entropy on the orchestrator's tokens, the target smoothed over the legal set: weight
-    serial_prior on the trace's token where a call begins (which call: the model keeps some probability
-    on calls the trace did not make), arg_prior inside a call (an argument: a split of 16 ranges has 48
-    of them, and 0.8 on each would leave 0.8^48 ~ 1e-5 of the samples on the split the trace wrote)."""
+    """Cross-entropy on the orchestrator's tokens, the target smoothed over the legal set: serial_prior on
+    the trace's call (keeps mass on other calls), arg_prior on an argument (a 16-way split has 48)."""
     logp, y, act, legal = _masked_logp(model, episodes)
     logp = torch.where(legal, logp, torch.zeros_like(logp))
     prior = torch.where(legal[..., TOK["<answer>"]], serial_prior, arg_prior)[..., None]   # <answer>: a call head
@@ -252,59 +213,52 @@ def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.97, arg_prior: 
 # --- 3. PARL: reward, lambda schedule, group-relative advantages, the two training stages ----------
 
 
-def lambda_schedule(update: int, total_updates: int, init: float, anneal_frac: float | None = 0.6,
-                    kind: str = "linear") -> float:
+def lambda_schedule(update: int, total_updates: int, init: float, anneal_frac: float | None = 0.6) -> float:
     """lambda(u) = init * max(0, 1 - u / (anneal_frac * U)); anneal_frac None = constant init."""
     if anneal_frac is None:
         return init
     if anneal_frac <= 0:
         raise ValueError(f"anneal_frac must be > 0 or None, got {anneal_frac!r}")
-    x = min(1.0, update / (anneal_frac * total_updates))
-    if kind not in ("linear", "cosine"):
-        raise ValueError(f"kind must be 'linear' or 'cosine', got {kind!r}")
-    return init * (1.0 - x) if kind == "linear" else init * 0.5 * (1.0 + math.cos(math.pi * x))
+    return init * (1.0 - min(1.0, update / (anneal_frac * total_updates)))
 
 
-def parl_reward(episode: dict, lambda1: float, lambda2: float, n_cap: int = 16, perf: str = "budgeted",
-                cfg: EnvConfig = EnvConfig()) -> dict:
-    """r = lambda1 * r_parallel + lambda2 * r_finish + r_perf, with this file's closed forms (docstring).
-    perf="budgeted": r_perf = item-F1 within a critical-step budget B drawn uniformly from
-    cfg.train_budget_min..cfg.critical_budget, in expectation (the mean over B of swarm_env.f1_within);
-    "f1" / "success": item-F1 / exact success at the end of the episode."""
-    if perf not in ("budgeted", "f1", "success"):
-        raise ValueError(f"perf must be 'budgeted', 'f1' or 'success', got {perf!r}")
-    if perf == "budgeted":
-        budgets = range(cfg.train_budget_min, cfg.critical_budget + 1)
-        r_perf = sum(f1_within(episode, b) for b in budgets) / len(budgets)
-    else:
-        r_perf = episode[perf]
-    r_parallel = min(episode["n_created"], n_cap) / n_cap
+N_CAP = 16      # r_parallel saturates at this many sub-agents
+
+
+def parl_reward(episode: dict, lambda1: float, lambda2: float, cfg: EnvConfig = EnvConfig()) -> dict:
+    """r and its terms, the closed forms of the module docstring (budgets B from cfg)."""
+    budgets = range(cfg.train_budget_min, cfg.critical_budget + 1)
+    r_perf = sum(f1_within(episode, b) for b in budgets) / len(budgets)
+    r_parallel = min(episode["n_created"], N_CAP) / N_CAP
     assigned = episode["n_assigned"] + episode.get("n_idle", 0)     # an agent never given a task did not finish
     r_finish = episode["n_finished"] / assigned if assigned else 0.0
     return {"r": lambda1 * r_parallel + lambda2 * r_finish + r_perf,
             "r_perf": r_perf, "r_parallel": r_parallel, "r_finish": r_finish}
 
 
-def group_advantages(rewards: torch.Tensor, group_size: int, normalize: bool = True) -> torch.Tensor:
-    """(r - mean) / std over the K samples of the same task (GRPO); normalize=False: r - mean only.
-    A group whose rewards are all equal gets advantage 0 (nothing to prefer)."""
+def group_advantages(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(r - mean) / std over the K samples of each task (GRPO); equal rewards give 0."""
     if rewards.numel() % group_size:
         raise ValueError(f"{rewards.numel()} rewards do not split into groups of {group_size}")
     r = rewards.view(-1, group_size)                     # [tasks, K]
     a = r - r.mean(dim=1, keepdim=True)
-    if normalize:
-        a = a / (r.std(dim=1, keepdim=True) + 1e-3)     # a task's scale does not set its weight
+    a = a / (r.std(dim=1, keepdim=True) + 1e-3)     # a task's scale does not set its weight
     return a.view(-1)
 
 
+class Arm(NamedTuple):
+    parl: bool                          # trained with PARL; False: the SFT model, evaluated solo
+    lambda1: float = 0.0                # initial weights of r_parallel, r_finish
+    lambda2: float = 0.0
+    anneal_frac: float | None = None    # None: the lambdas stay constant
+
+
 def make_arms(lambda1: float = 0.2, lambda2: float = 1.0, anneal_frac: float = 0.6) -> dict:
-    """The five arms: name -> (trained with PARL, lambda1_init, lambda2_init, anneal_frac or None). The
-    single agent is not trained further and is evaluated without the sub-agent tools (solo)."""
-    return {"single agent": (False, 0.0, 0.0, None),
-            "outcome only": (True, 0.0, 0.0, None),
-            "outcome + fixed r_parallel": (True, lambda1, 0.0, None),
-            "PARL, no annealing": (True, lambda1, lambda2, None),
-            "PARL, annealed": (True, lambda1, lambda2, anneal_frac)}
+    return {"single agent": Arm(False),
+            "outcome only": Arm(True),
+            "outcome + fixed r_parallel": Arm(True, lambda1),
+            "PARL, no annealing": Arm(True, lambda1, lambda2),
+            "PARL, annealed": Arm(True, lambda1, lambda2, anneal_frac)}
 
 
 ARMS = make_arms()
@@ -319,9 +273,7 @@ def _step(opt, loss: torch.Tensor) -> float:
 
 def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 3e-3, serial_prior: float = 0.97,
               decomp_frac: float = 0.1, seed: int = 0, log=None) -> list:
-    """Stage (a): warm start on single-agent traces and, a share decomp_frac of them, decomposition traces
-    (swarm_env.decompose_calls: 2-16 agents, random roles and cuts, good and bad alike, blind to the
-    task). Returns the loss per step."""
+    """Stage (a): SFT on single-agent traces, decomp_frac of them decompositions; the loss per step."""
     rng = random.Random(seed)
     traces = [play(t, encode_calls(decompose_calls(t, rng) if rng.random() < decomp_frac else serial_calls(t, rng)))
               for t in tasks]
@@ -335,22 +287,22 @@ def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 
     return losses
 
 
-def train_parl(model: GPT, tasks: list, updates: int, arm=(True, 0.2, 1.0, 0.6), tasks_per_update: int = 8,
-               group_size: int = 8, lr: float = 1e-3, seed: int = 0, log_every: int = 5, n_cap: int = 16,
-               entropy_coef: float = 0.0, cfg: EnvConfig = EnvConfig(), log=None) -> list:
-    """Stage (b): PARL. Returns a history of rollout statistics (every log_every updates)."""
-    _, lam1_0, lam2_0, anneal = arm
+def train_parl(model: GPT, tasks: list, updates: int, arm: Arm, tasks_per_update: int = 8, group_size: int = 8,
+               lr: float = 1e-3, seed: int = 0, entropy_coef: float = 0.0, cfg: EnvConfig = EnvConfig(),
+               log=None) -> list:
+    """Stage (b): PARL. Returns rollout statistics every 5 updates and at the last."""
     opt = MuonClip.from_model(model, lr=lr, weight_decay=0.0, qk_clip_tau=100.0)
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
     history = []
     for u in range(updates):
-        lam1, lam2 = lambda_schedule(u, updates, lam1_0, anneal), lambda_schedule(u, updates, lam2_0, anneal)
+        lam1 = lambda_schedule(u, updates, arm.lambda1, arm.anneal_frac)
+        lam2 = lambda_schedule(u, updates, arm.lambda2, arm.anneal_frac)
         episodes = rollout(model, [t for t in rng.sample(tasks, tasks_per_update) for _ in range(group_size)], cfg,
                            generator=gen)
-        rewards = torch.tensor([parl_reward(ep, lam1, lam2, n_cap, cfg=cfg)["r"] for ep in episodes])
+        rewards = torch.tensor([parl_reward(ep, lam1, lam2, cfg)["r"] for ep in episodes])
         model.train()
         _step(opt, parl_loss(model, episodes, group_advantages(rewards, group_size), entropy_coef))
-        if u % log_every == 0 or u == updates - 1:
+        if u % 5 == 0 or u == updates - 1:
             history.append({"update": u, "lambda1": lam1, "lambda2": lam2, "reward": rewards.mean().item(),
                             "tokens": float(np.mean([len(ep["tokens"]) for ep in episodes])), **summarize(episodes)})
         if log:
@@ -363,8 +315,7 @@ def train_parl(model: GPT, tasks: list, updates: int, arm=(True, 0.2, 1.0, 0.6),
 
 def warm_start(seed: int = 0, sft_steps: int = 250, sft_lr: float = 3e-3, serial_prior: float = 0.97,
                decomp_frac: float = 0.1, n_eval: int = 60, cfg: EnvConfig = EnvConfig(), log=None) -> tuple:
-    """A seed's tasks (600 to train on; n_eval held out, a third each narrow, wide, deep) and its SFT
-    model. Returns (model, SFT losses, train tasks, eval tasks)."""
+    """A seed's SFT model, losses, 600 train tasks and n_eval held-out ones (1/3 narrow, wide, deep)."""
     torch.manual_seed(seed)
     train_tasks = sample_tasks(random.Random(seed), 600, cfg=cfg)
     eval_tasks = sample_tasks(random.Random(10_000 + seed), n_eval, mix=(1 / 3, 1 / 3, 1 / 3), cfg=cfg)
@@ -378,8 +329,7 @@ def train_arms(seed: int = 0, sft_steps: int = 250, steps: int = 100, tasks_per_
                lr: float = 3e-3, sft_lr: float = 3e-3, serial_prior: float = 0.97, decomp_frac: float = 0.1,
                entropy_coef: float = 0.01, arms: dict = ARMS, n_eval: int = 60, cfg: EnvConfig = EnvConfig(),
                log=None) -> tuple:
-    """SFT once (warm_start), then PARL for each trained arm from that checkpoint; greedy eval on the
-    n_eval held-out tasks. Returns ({arm: {model, eval, summary, history}}, SFT losses)."""
+    """SFT once, PARL per arm from it, greedy eval: ({arm: {model, eval, summary, history}}, SFT losses)."""
     log = log or (lambda what, i, n, value: None)
     base, sft, train_tasks, eval_tasks = warm_start(seed, sft_steps, sft_lr, serial_prior, decomp_frac, n_eval, cfg,
                                                     log=lambda s, n, loss: log("SFT", s, n, loss))
@@ -387,8 +337,9 @@ def train_arms(seed: int = 0, sft_steps: int = 250, steps: int = 100, tasks_per_
     for name, arm in arms.items():
         model = copy.deepcopy(base)
         hist = train_parl(model, train_tasks, steps, arm, tasks_per_update, group_size, lr=lr, seed=seed,
-                          entropy_coef=entropy_coef, cfg=cfg, log=lambda u, n, r: log(name, u, n, r)) if arm[0] else []
-        eps = rollout(model, eval_tasks, cfg, greedy=True, solo=not arm[0])   # the single agent: no tools
+                          entropy_coef=entropy_coef, cfg=cfg,
+                          log=lambda u, n, r: log(name, u, n, r)) if arm.parl else []
+        eps = rollout(model, eval_tasks, cfg, greedy=True, solo=not arm.parl)   # the single agent: no tools
         results[name] = {"model": model, "eval": eps, "summary": summarize(eps), "history": hist}
     return results, sft
 
@@ -433,14 +384,11 @@ def _log(seed: int):
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--demo", action="store_true", help="print one episode written by the trained orchestrator")
-    parser.add_argument("--bench", action="store_true", help="(the runtime benchmark is python bench.py swarm)")
     parser.add_argument("--seed", type=int, default=0, help="seed (for --demo: whose orchestrator to load)")
     parser.add_argument("--out_dir", default="out/swarm", help="where the PARL-annealed orchestrator is written")
     args = parser.parse_args()
     ckpt = os.path.join(args.out_dir, f"orchestrator_seed{args.seed}.pt")
-    if args.bench:
-        print("the runtime benchmark lives in bench.py: run python bench.py swarm")
-    elif args.demo:
+    if args.demo:
         demo(ckpt)
     else:
         torch.set_num_threads(1)

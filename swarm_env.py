@@ -1,24 +1,17 @@
 """Agent Swarm environment: offline wide and deep tasks, frozen scripted sub-agents, item-F1.
 
-Support module for swarm.py (the orchestrator's tokens and training). Two task families, each with its
-own small generated corpus:
+Support module for swarm.py. Two task families, each with its own small generated corpus:
 
-    lookup (wide)  collect one attribute of W entities, each fact hidden among 0-2 distractor documents;
+    lookup (wide)  collect one attribute of W entities, each fact among 0-2 distractor documents;
                    items are independent, so W items split over n sub-agents finish ~n times sooner
-    chain  (deep)  follow 'mentor' W hops from a start entity; hop h needs hop h-1's answer, so a
-                   sub-agent that does not start at the frontier cannot begin and splitting buys nothing
+    chain  (deep)  follow 'mentor' W hops from a start entity; hop h needs hop h-1's answer, so
+                   splitting buys nothing
 
-Sub-agents are frozen scripted programs (`scripted_worker`): search costs one step, reading a document
-one step, so an item costs 2-4 steps. Their role comes from the system prompt (a researcher looks
-things up; a fact-checker verifies claims; a coder's role fits neither task and returns nothing).
-Items are referred to by index 0..W-1 (entities of a lookup, hops of a chain); `subtask(task, idx,
-start)` builds the sub-task for a list of them. Scored by item-F1 and exact success.
-`Session` is one task played through the orchestrator's tools on a SwarmRuntime (what each call does,
-in Python: create, assign, wait, work alone, finish); `summarize` averages its results per task kind.
+Sub-agents (`scripted_worker`) are frozen programs; search and read cost a step each (2-4 per item).
+`Session` plays one task through the orchestrator's tools on a SwarmRuntime.
 """
 import random
 import re
-import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,11 +35,8 @@ def _entity_names(rng, n):
 
 
 def make_task(rng: random.Random, family: str, width: int) -> dict:
-    """One offline task with its own small corpus. family: "lookup" (wide) or "chain" (deep).
-
-    Each entity's fact sits in one document among 0-2 distractor documents that only mention it; a
-    worker searches (1 step) then reads documents in search order (1 step each): 2-4 steps per item.
-    """
+    """One offline task, family "lookup" (wide) or "chain" (deep), with its own corpus: each entity's
+    fact sits in one document among 0-2 distractors that only mention it."""
     if family not in ("lookup", "chain"):
         raise ValueError(f"family must be 'lookup' or 'chain', got {family!r}")
     _positive_int("width", width)
@@ -89,12 +79,9 @@ def role_of(system_prompt: str) -> str:
 
 
 def scripted_worker(system_prompt: str, task: dict):
-    """A frozen sub-agent: a fixed program, never trained. Its role comes from the system prompt.
-
-    Sub-tasks: {"kind": "lookup", "entities", "attribute"}, {"kind": "follow", "start", "first_hop",
-    "hops"} (start None = the start is not known yet), {"kind": "verify", "claims": {entity: value}}.
-    A role that does not fit the sub-task, or an empty sub-task, spends one step and returns {}.
-    """
+    """A frozen sub-agent whose role comes from the system prompt. Sub-tasks: {"kind": "lookup", "entities",
+    "attribute"} or {"kind": "follow", "start", "first_hop", "hops"} (start None: not known yet). Only a
+    researcher fits them: any other role, or an empty sub-task, spends one step and returns {}."""
     role, corpus = role_of(system_prompt), task.get("corpus", {"docs": [], "index": {}})
     docs, index = corpus["docs"], corpus["index"]
     kind = task.get("kind")
@@ -124,25 +111,8 @@ def scripted_worker(system_prompt: str, task: dict):
                 break
             found[hop] = current = nxt
         return found
-    if role == "fact-checker" and kind == "verify" and task["claims"]:
-        for entity, value in task["claims"].items():
-            yield ("search", entity)
-            for doc_id in index.get(entity, []):
-                yield ("read", doc_id)
-                if f"of {entity} is" in docs[doc_id]:
-                    found[entity] = f"of {entity} is {value}." in docs[doc_id]
-                    break
-        return found
     yield ("think", None)
     return {}
-
-
-def sleepy_worker(system_prompt: str, task: dict):
-    """A worker whose steps just wait (stands in for tool latency); used to check real overlap."""
-    for _ in range(task["steps"]):
-        yield
-        time.sleep(task.get("sleep", 0.0))
-    return system_prompt
 
 
 def item_f1(answer: dict, gold: dict) -> float:
@@ -173,12 +143,8 @@ class EnvConfig:
 
 
 def subtask(task: dict, idx: list, start: str | None = None) -> dict:
-    """The sub-task for the items at indices `idx` of `task`.
-
-    lookup: those entities. chain: the hops idx[0]..idx[-1] (consecutive); `start` is the entity reached
-    after hop idx[0]-1, known only when the hops before are solved (None otherwise: the worker cannot
-    begin and returns nothing).
-    """
+    """The sub-task for items `idx`: a lookup's entities, or a chain's consecutive hops from `start`, the
+    entity reached before idx[0] (None while earlier hops are unsolved: the worker cannot begin)."""
     corpus, idx = task["corpus"], list(idx)
     if task["family"] == "lookup":
         return {"kind": "lookup", "entities": [task["items"][i] for i in idx], "attribute": task["attribute"],
@@ -224,19 +190,17 @@ def summarize(results: list) -> dict:
 class Session:
     """One task played through the orchestrator's tools on a SwarmRuntime, on the critical-step clock.
 
-    Items are handed out by count from the open ones (`open_items`: not found yet, not out in the open
-    stage, in index order). create(role) adds a sub-agent a0, a1, ...; assign(k, n) launches agent k on
-    the next n open items (False: no step left to launch it); wait() gathers the open stage and returns
-    (k, facts brought back) per launch; work(n) does the next n open items alone, one tool call per step,
-    and returns the facts found;
-    finish(submit) ends the episode, submitting what came back or nothing. The orchestrator's protocol
-    (swarm.py) checks legality; this class only executes. Facts carry the step they arrived (`arrived`).
+    Items go out by count from the open ones (not found, not out in the open stage, in index order):
+    create(role) adds a0, a1, ...; assign(k, n) launches ak on the next n (False: no step left);
+    wait() gathers the stage, (k, facts) per launch; work(n) does the next n alone, a step per tool
+    call; finish(submit). swarm_protocol checks legality; this only executes. Facts keep their
+    arrival step (`arrived`).
     """
 
-    def __init__(self, task: dict, cfg: EnvConfig = EnvConfig(), executor="inline", step_delay: float = 0.0,
-                 worker=scripted_worker):
-        self.task, self.cfg, self.worker = task, cfg, worker
-        self.rt = SwarmRuntime(worker, sub_step_budget=cfg.sub_step_budget, main_step_budget=cfg.critical_budget * 4,
+    def __init__(self, task: dict, cfg: EnvConfig = EnvConfig(), executor="inline", step_delay: float = 0.0):
+        self.task, self.cfg = task, cfg
+        self.rt = SwarmRuntime(scripted_worker, sub_step_budget=cfg.sub_step_budget,
+                               main_step_budget=cfg.critical_budget * 4,
                                executor=executor, step_delay=step_delay, max_subagents=cfg.max_agents)
         self.open_runs: list = []           # (agent index, SubagentRun) launched in the open stage
         self.out: set = set()               # item indices out with the open stage's sub-agents
@@ -281,7 +245,7 @@ class Session:
                 break
             start = self.current if i == self.frontier else None
             sub = subtask(self.task, [i], start)
-            steps, _, msg, _, _, _ = run_subagent(self.worker, ROLES["researcher"], sub, left)
+            steps, _, msg, _, _, _ = run_subagent(scripted_worker, ROLES["researcher"], sub, left)
             if steps:
                 self.rt.main_step(steps)
             self.t += steps
@@ -350,13 +314,9 @@ def serial_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -
 
 
 def decompose_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()) -> list:
-    """A decomposition trace, as sampling an untrained orchestrator would give one: 2-16 sub-agents of
-    one role (a researcher with probability 0.8, else a random role), the items cut near-equally (3 in 4)
-    or at random points into counts, one trace in four with the last count left out (its agent idle);
-    after the wait, the missing items done alone (chunks of 1-6, while the clock leaves room for an
-    item), then answer. Nothing in it depends on the task: some traces pay (enough researchers for the
-    24-step cap, every item covered), many do not (too few agents, a wrong role, idle agents on a narrow
-    task, a chain cut into ranges no sub-agent can start)."""
+    """A decomposition blind to the task, good or bad: 2-16 agents of one role (researcher w.p. 0.8), the
+    items cut near-equally (3 in 4) or at random, one trace in four leaving the last count out (an idle
+    agent); after the wait, the missing items done alone, then answer."""
     W, n = task["width"], rng.randint(2, cfg.max_agents)
     roles = ["researcher" if rng.random() < 0.8 else rng.choice(list(ROLES))] * n
     k = min(n, W)

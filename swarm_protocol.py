@@ -1,25 +1,15 @@
-"""The orchestrator's token protocol for swarm.py: vocabulary, calls as tokens, their text form, and
-the grammar (which tokens may come next, and a clear error for one that may not).
-
-Support module for swarm.py, whose docstring shows the protocol; an 84-token vocabulary:
+"""The orchestrator's token protocol for swarm.py: an 84-token vocabulary, calls as tokens, the grammar.
 
     specials   <pad> <bos> <task> lookup chain | <create> researcher fact-checker coder <assign> <self>
                <wait> <answer> <res> me @ <end> <err>
     agents     a0 .. a15            the names create_subagent gives, in order
     numbers    0 .. 48              item counts, task widths, fact counts, the clock
 
-A call is a tuple, ("create", role) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",), and
-`encode_call` writes it as tokens. A split is a list of counts: `<assign> aK n` and `<self> n` take the
-next n open items (items not yet found and not already out in the open stage, in index order), so
-sub-agents never overlap and the items the calls cover are always a prefix of the open ones. `CallParser`
-reads the orchestrator's tokens one at a time, knowing what the runtime knows (task width, agents
-created, who is busy in the open stage, how many items are open; the episode sets `open` from the
-environment after each call, since only the environment knows which items came back): `legal()`
-lists the tokens that may come next (the grammar mask for decoding), `feed()` returns each call when
-its last token arrives and raises a ProtocolError, with the reason, for a malformed one. `render` and
-`from_text` convert between token ids and text.
+A call is ("create", role) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",). A count takes
+the next n open items (not found, not out in the open stage, in index order), so sub-agents never
+overlap. `CallParser` reads tokens one at a time: `legal()` is the decoding mask, `feed()` returns each
+finished call or raises ProtocolError with the reason.
 """
-
 MAX_AGENTS, MAX_NUM = 16, 48
 SPECIALS = ["<pad>", "<bos>", "<task>", "lookup", "chain", "|", "<create>", "researcher", "fact-checker", "coder",
             "<assign>", "<self>", "<wait>", "<answer>", "<res>", "me", "@", "<end>", "<err>"]
@@ -79,26 +69,13 @@ def render(ids, is_action=None) -> str:
     return "\n".join(" ".join(words) for words in lines) + ("]" if env_open else "")
 
 
-def from_text(text: str) -> list:
-    """Inverse of render (brackets and line breaks ignored)."""
-    words = text.replace("[", " ").replace("]", " ").split()
-    if any(w not in TOK for w in words):
-        raise ValueError(f"unknown token {next(w for w in words if w not in TOK)!r}")
-    return [TOK[w] for w in words]
-
-
 class ProtocolError(ValueError):
     """A malformed call. It ends the episode (reward 0), not the process."""
 
 
 class CallParser:
-    """Reads the orchestrator's tokens one at a time; returns each call when its last token arrives.
-
-    Knows what the runtime knows (task width, agents created, who is busy in the open stage, `open`: how
-    many items are open), so it can both reject a malformed call and list the legal next tokens for
-    constrained decoding (`legal`). A count takes items off `open`; the episode puts back the ones that
-    did not come back (Episode.step sets `open` from the environment after each call).
-    """
+    """Reads tokens one at a time, knowing what the runtime knows (width, agents, who is busy, `open`
+    items); a count takes items off `open`, and Episode.step puts back those that did not come back."""
 
     def __init__(self, width: int, max_agents: int = MAX_AGENTS):
         self.width, self.max_agents = width, max_agents
@@ -169,13 +146,3 @@ class CallParser:
         if n is None:
             return f"{where}: expected an item count"
         return f"{where}: a count must be 1..{self.open} (the items open), got {n}"
-
-
-def parse_calls(ids, width: int) -> list:
-    """A whole stream of orchestrator tokens -> calls (strict: raises ProtocolError). Without an
-    environment it assumes every item handed out comes back (nothing is put back on `open`)."""
-    parser = CallParser(width)
-    calls = [c for c in map(parser.feed, ids) if c is not None]
-    if parser.partial:
-        raise ProtocolError(f"stream ends inside a call: {' '.join(VOCAB[x] for x in parser.partial)}")
-    return calls

@@ -1,24 +1,16 @@
 """Agent Swarm runtime: frozen sub-agents on a thread pool, stages, traces and critical steps.
 
-Support module for swarm.py (the orchestrator model, its token protocol and PARL). K2.5 (arXiv
-2602.02276, section 3) gives the orchestrator two tools, create_subagent(name, system_prompt) and
-assign_task(agent, task); each sub-agent runs on its own and returns one message. Cost is counted in
+Support module for swarm.py (K2.5, arXiv 2602.02276, section 3): the two tools create_subagent and
+assign_task, each sub-agent running on its own and returning one message. Cost is counted in
 
     CriticalSteps = sum over stages t of ( S_main(t) + max_i S_sub,i(t) )
 
 (the longest path through the episode) next to total steps (all work done) and wall time.
-
-Read top to bottom: the records (SubagentRun, Stage, Trace), `run_subagent` (drives one generator
-worker under a step budget), `SwarmRuntime` (one episode: the two tools, main_step, gather, answer),
-its overhead per step with 100 concurrent sub-agents is measured by python bench.py swarm.
 """
 import concurrent.futures as cf
-import os
-import pickle
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
-
 
 
 @dataclass
@@ -44,30 +36,9 @@ class Stage:
         # a stage lasts as long as its longest sub-agent
         return self.main_steps + max((r.steps for r in self.runs), default=0)
 
-
-def _stage_parts(stage):
-    if isinstance(stage, Stage):
-        return stage.main_steps, [r.steps for r in stage.runs]
-    main, subs = stage
-    return int(main), [int(s) for s in subs]
-
-
-def critical_steps(stages) -> int:
-    """sum_t (S_main(t) + max_i S_sub,i(t)); stages are `Stage`s or (main_steps, [sub steps]) pairs."""
-    total = 0
-    for stage in stages:
-        main, subs = _stage_parts(stage)
-        total += main + max(subs, default=0)
-    return total
-
-
-def total_steps(stages) -> int:
-    """All work done: orchestrator steps plus every sub-agent's steps."""
-    total = 0
-    for stage in stages:
-        main, subs = _stage_parts(stage)
-        total += main + sum(subs)
-    return total
+    @property
+    def total_steps(self) -> int:
+        return self.main_steps + sum(r.steps for r in self.runs)
 
 
 @dataclass
@@ -78,34 +49,18 @@ class Trace:
 
     @property
     def critical_steps(self) -> int:
-        return critical_steps(self.stages)
+        return sum(st.critical_steps for st in self.stages)
 
     @property
     def total_steps(self) -> int:
-        return total_steps(self.stages)
-
-    def summary(self) -> str:
-        lines = [f"critical steps {self.critical_steps}, total steps {self.total_steps}, "
-                 f"wall {self.wall_s * 1e3:.1f} ms"]
-        for t, st in enumerate(self.stages):
-            lines.append(f"stage {t}: main {st.main_steps}, sub-agents {len(st.runs)}, cost {st.critical_steps}")
-            for r in st.runs[:6]:
-                msg = repr(r.message)
-                lines.append(f"   {r.agent:<10} [{r.system_prompt[:28]}...] steps {r.steps:>3} "
-                             f"finished {r.finished!s:<5} -> {msg[:60]}")
-            if len(st.runs) > 6:
-                lines.append(f"   ... {len(st.runs) - 6} more")
-        return "\n".join(lines)
+        """All work done: orchestrator steps plus every sub-agent's steps."""
+        return sum(st.total_steps for st in self.stages)
 
 
 def run_subagent(worker: Callable, system_prompt: str, task: Any, budget: int, step_delay: float = 0.0):
-    """Drive one frozen sub-agent under its step budget.
-
-    `worker(system_prompt, task)` is a generator: each `yield` is one step (a tool call), its `return`
-    value is the single message sent back. A worker that asks for step budget+1 is cut off and sends
-    nothing, like an agent stopped at its step limit before writing its report.
-    Module level so a process pool can pickle it. Returns (steps, finished, message, error, t0, t1).
-    """
+    """Drive `worker(system_prompt, task)`, a generator: each `yield` is a step (a tool call), its return
+    value the one message sent back; asking for step budget+1 cuts it off with nothing sent.
+    Module level so a process pool can pickle it. Returns (steps, finished, message, error, t0, t1)."""
     t0 = time.perf_counter()
     steps, finished, message, error = 0, False, None, None
     try:
@@ -135,17 +90,13 @@ def _positive_int(name, value):
 
 
 class SwarmRuntime:
-    """One episode of an orchestrator with sub-agents.
-
-    create_subagent(name, system_prompt) registers a frozen worker with a role; assign_task(agent, task)
-    launches it at once on the executor; gather() waits for every launch of the open stage and closes
-    it; main_step(k) records the orchestrator's own tool calls; answer(x) ends the episode.
-    executor: "thread" (default), "process", "inline" (sequential, same trace: handy for fast RL
-    rollouts where cost is counted in steps), or an existing concurrent.futures.Executor to share.
+    """One episode: create_subagent registers a frozen worker with a role, assign_task launches it at once,
+    gather() closes the stage, main_step(k) counts the orchestrator's own calls, answer(x) ends it.
+    executor: "thread", "inline" (sequential, same trace: fast RL rollouts) or an Executor to share.
     """
 
     def __init__(self, worker: Callable, *, sub_step_budget: int = 100, main_step_budget: int = 100,
-                 executor="thread", max_workers: int | None = None, max_subagents: int = 100,
+                 executor="thread", max_subagents: int = 100,
                  step_delay: float = 0.0):
         _positive_int("sub_step_budget", sub_step_budget)
         _positive_int("main_step_budget", main_step_budget)
@@ -159,17 +110,11 @@ class SwarmRuntime:
         if isinstance(executor, cf.Executor):
             self.pool = executor
         elif executor == "thread":
-            self.pool, self._owns_pool = cf.ThreadPoolExecutor(max_workers or max_subagents), True
-        elif executor == "process":
-            try:   # the pool pickles the worker for every task; fail here, not inside gather()
-                pickle.dumps(worker)
-            except Exception as exc:
-                raise TypeError(f"executor='process' needs a picklable, module-level worker: {exc}") from None
-            self.pool, self._owns_pool = cf.ProcessPoolExecutor(max_workers or os.cpu_count()), True
+            self.pool, self._owns_pool = cf.ThreadPoolExecutor(max_subagents), True
         elif executor == "inline":
             self.pool = None
         else:
-            raise ValueError(f"executor must be 'thread', 'process', 'inline' or an Executor, got {executor!r}")
+            raise ValueError(f"executor must be 'thread', 'inline' or an Executor, got {executor!r}")
         self.trace = Trace()
         self.main_steps_used = 0
         self.done = False
@@ -251,9 +196,3 @@ class SwarmRuntime:
     def _check_open(self):
         if self.done:
             raise ValueError("episode already answered: start a new SwarmRuntime for a new task")
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()

@@ -172,7 +172,7 @@ def _seed_job(job):
 def run_experiment(seeds, hp: dict, out_dir: str = OUT, jobs: int = 1, figure: bool = False):
     os.makedirs(out_dir, exist_ok=True)
     arms = hp.get("arms", swarm.ARMS)
-    n_trained = sum(a[0] for a in arms.values())
+    n_trained = sum(a.parl for a in arms.values())
     per_seed_units = SFT_COST * hp["sft_steps"] + n_trained * hp["steps"]
     t0 = time.time()
     if jobs > 1:
@@ -181,18 +181,18 @@ def run_experiment(seeds, hp: dict, out_dir: str = OUT, jobs: int = 1, figure: b
     else:
         progress = Progress(len(seeds) * per_seed_units)
         per_seed = [run_seed(s, hp, out_dir, progress) for s in seeds]
-    oc, lam = swarm.orchestrator_config(), arms.get("PARL, annealed", (True, None, None, None))
+    oc, lam = swarm.orchestrator_config(), arms.get("PARL, annealed", swarm.Arm(True, None, None, None))
     n_params = sum(p.numel() for p in swarm.GPT(oc).parameters())
     refs = " / ".join(", ".join(str(r["serial, no budget"]["need"][x]) for x in TARGETS) for r in per_seed)
     note = (f"LM orchestrator ({n_params / 1e3:.0f}k params, pattern {oc.pattern}, {oc.n_layer} layers, width "
             f"{oc.n_embd}); recipe: {', '.join(f'{k} {v}' for k, v in hp.items() if k != 'arms')}; PARL lambda1 "
-            f"{lam[1]}, lambda2 {lam[2]}, annealed to 0 at {lam[3]} of the updates; r_perf = item-F1 within a budget "
-            f"drawn from {EnvConfig.train_budget_min}..{EnvConfig.critical_budget}; greedy eval on "
-            f"{hp['n_eval']} held-out tasks per seed (critical budget {EnvConfig.critical_budget}). 'crit. steps to "
-            f"wide F1 x': the smallest budget at which the arm's mean item-F1 on the wide eval tasks reaches x (from "
-            f"the steps at which items arrived), in brackets how many times fewer than a single agent doing every "
-            f"item itself with no budget needs ({refs} for F1 {', '.join(map(str, TARGETS))}). "
-            f"Total {time.time() - t0:.0f} s wall.\n\n")
+            f"{lam.lambda1}, lambda2 {lam.lambda2}, annealed to 0 at {lam.anneal_frac} of the updates; r_perf = "
+            f"item-F1 within a budget drawn from {EnvConfig.train_budget_min}..{EnvConfig.critical_budget}; "
+            f"greedy eval on {hp['n_eval']} held-out tasks per seed (critical budget {EnvConfig.critical_budget}). "
+            f"'crit. steps to wide F1 x': the smallest budget at which the arm's mean item-F1 on the wide eval "
+            f"tasks reaches x (from the steps at which items arrived), in brackets how many times fewer than a "
+            f"single agent doing every item itself with no budget needs ({refs} for F1 "
+            f"{', '.join(map(str, TARGETS))}). Total {time.time() - t0:.0f} s wall.\n\n")
     text = note + table(per_seed, arms)
     with open(os.path.join(out_dir, "table.md"), "w") as f:
         f.write(text + "\n")
