@@ -5,7 +5,8 @@
     3. judging seeds that played no part in tuning, listed apart, the same data order across arms;
     4. the seed-paired difference d_s = a_s - b_s decides, as mean ± SE:            (paired, verdict)
            SE = stdev(d) / sqrt(n);  reproduces  iff  sign · mean(d) > 2 SE  (sign: the paper's direction),
-       an equivalence claim ("costs nothing") reproduces iff |mean(d)| + 2 SE <= a margin stated in advance.
+       an equivalence claim ("costs nothing") iff |mean(d)| + 2 SE <= a margin stated in advance, a
+       non-inferiority claim ("does not hurt") iff mean(d) + 2 SE <= that margin.
 Plus the curve readings the claims need: steps to a threshold, and tokens to reach a loss (token ratio).
 
 Test: python -m pytest tests/test_protocol.py -q
@@ -60,6 +61,13 @@ def equivalence_verdict(p: Paired, margin: float, control_passed: bool = True) -
     if not control_passed:
         return NOT_TESTABLE
     return REPRODUCES if len(p.seeds) > 1 and abs(p.diff) + 2 * p.se <= margin else DOES_NOT
+
+
+def noninferiority_verdict(p: Paired, margin: float, control_passed: bool = True) -> str:
+    """The claim "a is not worse than b" (lower is better): mean(a - b) + 2 SE below a margin stated in advance."""
+    if not control_passed:
+        return NOT_TESTABLE
+    return REPRODUCES if len(p.seeds) > 1 and p.diff + 2 * p.se <= margin else DOES_NOT
 
 
 def best_lr(results: dict, lower_is_better: bool = True) -> float:

@@ -33,6 +33,10 @@ def test_verdicts():
     same = protocol.paired({0: 1.00, 1: 1.01, 2: 0.99}, {0: 1.00, 1: 1.00, 2: 1.00})    # |d| + 2 SE = 0.0115
     assert protocol.equivalence_verdict(same, margin=0.02) == protocol.REPRODUCES
     assert protocol.equivalence_verdict(same, margin=0.01) == protocol.DOES_NOT
+    better = protocol.paired({0: 0.90, 1: 0.95, 2: 0.92}, {0: 1.0, 1: 1.0, 2: 1.0})   # a lower: not worse
+    assert protocol.noninferiority_verdict(better, margin=0.02) == protocol.REPRODUCES
+    assert protocol.equivalence_verdict(better, margin=0.02) == protocol.DOES_NOT      # but not "the same"
+    assert protocol.noninferiority_verdict(protocol.paired({0: 1.05, 1: 1.04}, {0: 1.0, 1: 1.0}), 0.02) == protocol.DOES_NOT
 
 
 def test_curve_readings():
