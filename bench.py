@@ -195,12 +195,12 @@ def bench_kda():
 # Attention Residuals: python bench.py attnres
 
 def bench_attnres():
-    from attnres import _attnres_math, attnres
+    from attnres import attnres, attnres_ref
     _, name = device_line("AttnRes: eager vs torch.compile vs the fused Triton op")
     dtype = torch.bfloat16 if CUDA else torch.float32
     shapes = ATTNRES_CUDA if CUDA else [(4, 256, 2048), (8, 512, 1024)]   # (N sources, D, tokens)
     bandwidth = next((bw for key, bw in PEAK_GBS if key in name), None)
-    eager = lambda q, v, g: _attnres_math(q, v, g, 1e-6)[0]  # noqa: E731
+    eager = lambda q, v, g: attnres_ref(q, v, g, 1e-6)  # noqa: E731
     impls = [("eager reference", eager), ("torch.compile reference", torch.compile(eager))]
     if CUDA:
         impls.append(("Triton fused", lambda q, v, g: attnres(q, v, g, 1e-6, backend="triton")))

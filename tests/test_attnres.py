@@ -73,6 +73,28 @@ def test_fused_weights_match_reference():
     assert torch.allclose(w.sum(0), torch.ones(3, 5, device=DEVICE), atol=1e-5)
 
 
+def test_cpu_paths_run_the_one_reference(monkeypatch):
+    """attnres(backend="ref"), attnres_stats and the stream on CPU (sequential and two-phase) all call
+    attnres_ref, the only copy of the math: a second copy would not be seen by this spy."""
+    calls = []
+    original = attnres.attnres_ref
+    monkeypatch.setattr(attnres, "attnres_ref", lambda *a, **k: calls.append(1) or original(*a, **k))
+    sources, query, gain = _inputs(3, (2, 3), 16)
+    attnres.attnres(query.cpu(), sources.cpu(), gain.cpu(), backend="ref")
+    assert len(calls) == 1
+    L, D = 4, 16
+    _, subs = _toy_sublayers(L, D)
+    emb = torch.randn(2, 3, D)
+    for block_size in (None, 2):
+        stream = AttnResStream(L, D, block_size=block_size)                 # backend "auto" on CPU
+        calls.clear()
+        stream(emb, subs)
+        assert len(calls) == L + 1, (block_size, len(calls))               # one call per read
+        calls.clear()
+        stream(emb, subs, two_phase=True)
+        assert len(calls) >= 2, (block_size, len(calls))                   # phase 1 and the final read
+
+
 @pytest.mark.parametrize("backend", ["ref", "triton"])
 def test_phase1_stats_and_gradients(backend):
     """S queries in one pass: (out, max, lse) and gradients through out AND lse (phase 2 uses lse)."""
