@@ -41,17 +41,9 @@ import triton
 import triton.language as tl
 
 from kernels.launch import gpu_config
+from kernels.precision import PLAN_FP32, plan_dot
 
 MAX_HEAD_DIM = 128  # q, k, v, o and the accumulators of one tile live in registers
-
-
-@triton.jit
-def _dot(a, b, IEEE_FP32: tl.constexpr):
-    if IEEE_FP32:
-        out = tl.dot(a, b, input_precision="ieee")
-    else:
-        out = tl.dot(a, b)
-    return out
 
 
 @triton.jit
@@ -72,6 +64,7 @@ def _attn_fwd_kernel(
     IEEE_FP32: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    PREC: tl.constexpr = "ieee" if IEEE_FP32 else None   # exact float32 products, else the tensor cores
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
@@ -96,7 +89,7 @@ def _attn_fwd_kernel(
         kt = tl.load(K + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
                      mask=(offs_n[None, :] < T) & (offs_d[:, None] < Dh), other=0.0)  # [BLOCK_D, BLOCK_N]
         v = _load_rows(V, offs_n, offs_d, stride_vt, stride_vd, T, Dh)               # [BLOCK_N, BLOCK_D]
-        s = _dot(q, kt, IEEE_FP32) * scale                                            # [BLOCK_M, BLOCK_N] fp32
+        s = plan_dot(q, kt, PLAN_FP32, PREC) * scale                                  # [BLOCK_M, BLOCK_N] fp32
         keep = offs_n[None, :] < T
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
@@ -105,7 +98,7 @@ def _attn_fwd_kernel(
         alpha = tl.exp(m_i - m_new)                                                   # 0 on the first tile
         p = tl.exp(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, IEEE_FP32)
+        acc = acc * alpha[:, None] + plan_dot(p.to(v.dtype), v, PLAN_FP32, PREC)
         m_i = m_new
 
     rows = offs_m < T
@@ -131,6 +124,7 @@ def _attn_bwd_dkdv_kernel(
     # one tile of BLOCK_N keys of one (batch, key head); the query heads of its group and every query
     # tile that sees these keys stream past. Products are written transposed ([keys, queries]), so that
     # dV += Pᵀ dO and dK += dSᵀ Q need no transposed P.
+    PREC: tl.constexpr = "ieee" if IEEE_FP32 else None   # exact float32 products, else the tensor cores
     pid_n = tl.program_id(0)
     bkv = tl.program_id(1)
     b, kv_h = bkv // Hkv, bkv % Hkv
@@ -157,15 +151,15 @@ def _attn_bwd_dkdv_kernel(
             do = _load_rows(DOh, offs_m, offs_d, stride_dot, stride_dod, T, Dh)
             lse = tl.load(LSE + row + offs_m, mask=offs_m < T, other=0.0)            # [BLOCK_M]
             delta = tl.load(Delta + row + offs_m, mask=offs_m < T, other=0.0)
-            st = _dot(k, tl.trans(q), IEEE_FP32) * scale                              # [BLOCK_N, BLOCK_M] = Sᵀ
+            st = plan_dot(k, tl.trans(q), PLAN_FP32, PREC) * scale                    # [BLOCK_N, BLOCK_M] = Sᵀ
             keep = offs_m[None, :] < T
             if CAUSAL:
                 keep = keep & (offs_m[None, :] >= offs_n[:, None])
             pt = tl.where(keep, tl.exp(st - lse[None, :]), 0.0)                       # Pᵀ
-            dv += _dot(pt.to(do.dtype), do, IEEE_FP32)
-            dpt = _dot(v, tl.trans(do), IEEE_FP32)                                    # dPᵀ [BLOCK_N, BLOCK_M]
+            dv += plan_dot(pt.to(do.dtype), do, PLAN_FP32, PREC)
+            dpt = plan_dot(v, tl.trans(do), PLAN_FP32, PREC)                          # dPᵀ [BLOCK_N, BLOCK_M]
             dst = pt * (dpt - delta[None, :])                                         # dSᵀ
-            dk += _dot(dst.to(q.dtype), q, IEEE_FP32)
+            dk += plan_dot(dst.to(q.dtype), q, PLAN_FP32, PREC)
     keys = (offs_n[:, None] < T) & (offs_d[None, :] < Dh)
     tl.store(DK + offs_n[:, None] * stride_dkt + offs_d[None, :] * stride_dkd, (dk * scale).to(DK.dtype.element_ty),
              mask=keys)
@@ -184,6 +178,7 @@ def _attn_bwd_dq_kernel(
     IEEE_FP32: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    PREC: tl.constexpr = "ieee" if IEEE_FP32 else None   # exact float32 products, else the tensor cores
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b, h = bh // H, bh % H
@@ -205,14 +200,14 @@ def _attn_bwd_dq_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         k = _load_rows(K, offs_n, offs_d, stride_kt, stride_kd, T, Dh)               # [BLOCK_N, BLOCK_D]
         v = _load_rows(V, offs_n, offs_d, stride_vt, stride_vd, T, Dh)
-        s = _dot(q, tl.trans(k), IEEE_FP32) * scale                                   # [BLOCK_M, BLOCK_N]
+        s = plan_dot(q, tl.trans(k), PLAN_FP32, PREC) * scale                         # [BLOCK_M, BLOCK_N]
         keep = offs_n[None, :] < T
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
         p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)
-        dp = _dot(do, tl.trans(v), IEEE_FP32)
+        dp = plan_dot(do, tl.trans(v), PLAN_FP32, PREC)
         ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(k.dtype), k, IEEE_FP32)
+        dq += plan_dot(ds.to(k.dtype), k, PLAN_FP32, PREC)
     tl.store(DQ + offs_m[:, None] * stride_dqt + offs_d[None, :] * stride_dqd, (dq * scale).to(DQ.dtype.element_ty),
              mask=(offs_m[:, None] < T) & (offs_d[None, :] < Dh))
 
@@ -263,6 +258,11 @@ def _check(q, k, v, scale):
         raise ValueError(f"attention_max_logit: scale must be a positive finite number, got {scale!r}")
 
 
+def _strides(**tensors) -> dict:
+    """Stride arguments of [B, H, T, Dh] tensors by name: _strides(q=q) = {stride_qb: ..., ..., stride_qd: ...}."""
+    return {f"stride_{name}{dim}": st for name, x in tensors.items() for dim, st in zip("bhtd", x.stride())}
+
+
 def attention_fwd(q, k, v, scale: float, causal: bool):
     """o [B, H, T, Dh] (a view of a [B, T, H, Dh] buffer), lse float32 [B*H, T], max logit float32 [B, H]."""
     B, H, T, Dh = q.shape
@@ -273,10 +273,9 @@ def attention_fwd(q, k, v, scale: float, causal: bool):
     lse = torch.empty(B * H, T, device=q.device, dtype=torch.float32)
     tile_max = torch.empty(B * H, n_tiles, device=q.device, dtype=torch.float32)
     _attn_fwd_kernel[(n_tiles, B * H)](
-        q, k, v, o, lse, tile_max, T, H, Dh, H // Hkv, float(scale), n_tiles,
-        *q.stride(), *k.stride(), *v.stride(), *o.stride(),
-        IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal), **cfg,
-    )
+        Q=q, K=k, V=v, O=o, LSE=lse, MaxOut=tile_max, T=T, H=H, Dh=Dh, group=H // Hkv, scale=float(scale),
+        n_tiles=n_tiles, **_strides(q=q, k=k, v=v, o=o), IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal),
+        **cfg)
     return o, lse, tile_max.amax(dim=1).view(B, H)
 
 
@@ -288,15 +287,13 @@ def attention_bwd(q, k, v, o, lse, do, scale: float, causal: bool):
     delta = (do.float() * o.float()).sum(-1).view(B * H, T)                           # D_i = Σ_d dO·O
     # the strides of a dense input (a transposed [B, T, H, Dh] projection), contiguous for a gapped view
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    shared = dict(IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal))
-    strides = (*q.stride(), *k.stride(), *v.stride(), *do.stride())
+    shared = dict(Q=q, K=k, V=v, DO=do, LSE=lse, Delta=delta, T=T, H=H, Dh=Dh, group=H // Hkv, scale=float(scale),
+                  **_strides(q=q, k=k, v=v, do=do), IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal))
     cfg = cfgs["dkdv"]
     _attn_bwd_dkdv_kernel[(triton.cdiv(T, cfg["BLOCK_N"]), B * Hkv)](
-        q, k, v, do, lse, delta, dk, dv, T, H, Hkv, Dh, H // Hkv, float(scale), *strides, *dk.stride(), *dv.stride(),
-        **shared, **cfg)
+        DK=dk, DV=dv, Hkv=Hkv, **_strides(dk=dk, dv=dv), **shared, **cfg)
     cfg = cfgs["dq"]
-    _attn_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](
-        q, k, v, do, lse, delta, dq, T, H, Dh, H // Hkv, float(scale), *strides, *dq.stride(), **shared, **cfg)
+    _attn_bwd_dq_kernel[(triton.cdiv(T, cfg["BLOCK_M"]), B * H)](DQ=dq, **_strides(dq=dq), **shared, **cfg)
     return dq, dk, dv
 
 

@@ -173,8 +173,7 @@ def attnres_fwd(sources: torch.Tensor, queries: torch.Tensor, eps: float):
     block_m, block_d, num_warps = launch_shape(M, D, gpu_config(sources))
     n_tiles = triton.cdiv(M, block_m)
     _attnres_fwd_kernel[(n_tiles * S,)](
-        sources, queries, out, mx, lse,
-        N, M, D, S, M * D, eps,
+        V=sources, Q=queries, O=out, MX=mx, LSE=lse, N=N, M=M, D=D, S=S, stride_vn=M * D, eps=eps,
         BLOCK_M=block_m, BLOCK_D=block_d, num_warps=num_warps,
     )
     return out, mx, lse
@@ -197,8 +196,8 @@ def attnres_bwd(sources, queries, out, lse, dout, dlse, eps):
         dsources = torch.empty_like(sources)
     dq_partial = torch.zeros((S, n_programs, D), device=sources.device, dtype=torch.float32)
     _attnres_bwd_kernel[(n_programs,)](
-        sources, queries, out, dout, lse, dlse, dsources, dq_partial,
-        N, M, D, S, M * D, eps, n_tiles, n_programs,
+        V=sources, Q=queries, O=out, DO=dout, LSE=lse, DLSE=dlse, DV=dsources, DQ_PARTIAL=dq_partial,
+        N=N, M=M, D=D, S=S, stride_vn=M * D, eps=eps, n_tiles=n_tiles, n_programs=n_programs,
         ACCUMULATE_DV=accumulate, BLOCK_M=block_m, BLOCK_D=block_d, num_warps=num_warps,
     )
     return dsources.to(sources.dtype), dq_partial.sum(dim=1)

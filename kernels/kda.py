@@ -34,9 +34,9 @@ Backward: recompute 1-4, then
 Sizes: chunk 64, sub-chunk 16; any T (the last chunk is masked); K <= 128 (the state kernels hold all of
 K in registers), V <= 256 (tiled). Inputs bf16, fp16 or fp32; g and beta may have their own float dtype.
 
-Precision plan. Float32 inputs (the accuracy path, used by tests): every product exact in float32
-("ieee", no tensor cores). 16-bit inputs (the GPU training path): the products marked bf16 take bf16
-operands on the tensor cores with float32 accumulation; everything else stays float32.
+Precision plan (kernels/precision.py). Float32 inputs (PLAN_FP32, the accuracy path tests use): every
+product exact in float32 ("ieee", no tensor cores). 16-bit inputs (PLAN_BF16, the GPU training path): the
+products marked bf16 take bf16 operands on the tensor cores with float32 accumulation; the rest is float32.
 
   | what (kernel)                                   | precision        | why                                  |
   |-------------------------------------------------|------------------|--------------------------------------|
@@ -61,30 +61,15 @@ operands on the tensor cores with float32 accumulation; everything else stays fl
   | every backward product except dL (_state_bwd,   | bf16 operands,   | the transposes of the rows above;    |
   |   _chunk_bwd, _intra_bwd)                       | float32 dS       | dS accumulates in float32            |
 
-Measured with kda_chunk_ref(precision="bf16"), the same roundings in PyTorch: relative RMS error against
-float32 2.8e-3 to 4.0e-3 (o) and 1.9e-3 to 3.4e-3 (final state) at T = 4096, K = 64 and 128, weak and
-strong decay, within the 5e-3 tolerance; rounding everything to bf16 (precision="bf16-all") gives 3.5e-2
-to 0.24 under mid and strong decay. With positive, highly correlated keys under weak decay the output is a
-small difference of large terms and the plan's error grows to 1.0e-2 (mostly the bf16 Aqk Vn product).
+The plan's measured error (2.8e-3 to 4.0e-3 relative RMS at T = 4096, within the 5e-3 tolerance) and the
+safe gate's anchored bf16 diagonal blocks, a variant these kernels do not take, are in the README (KDA, K3).
 
-The safe gate (kda.py, gate="safe": every per-token log decay in [lower_bound, 0], -5 in Kimi K3 and fla)
-changes one row in principle: with the bound, the diagonal blocks factored through their first row n take
-exp(G_n - G_j) <= exp(15 * 5) = exp(75), finite in float32 and bf16 (up to lower_bound = -88.7/15 = -5.9),
-so they could be one bf16 tl.dot like the earlier sub-chunks (fla's safe-gate path). Measured with
-kda_chunk_ref(precision="bf16-safe") at T = 4096, K = 64: output error 2.4e-3 -> 3.3e-3 at decays near the
-bound, 3.9e-3 -> 4.1e-3 under weak decay, within the 5e-3 tolerance; under the unbounded gate the same
-product overflows to inf. The kernels do not take that row: the op receives g, not its bound, and every
-gate runs the exact diagonal above; the gain (4 of the 10 non-zero 16x16 blocks of Aqk and Akk per
-chunk onto the tensor cores) is unmeasured without a GPU. The other rows stay: a per-token bound does not
-bound the chunk-cumulative G (-320 at the bound; bf16-all still breaks the tolerance, 4.8e-2 at -2.5 a
-token) and allows weak decay, where the solve and state rows were measured (tests/test_kda_precision.py).
-
-On CPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1) in float32 numpy, and 16-bit
-inputs get the plan's roundings emulated there (PLAN = 2: round to nearest bf16 on the bits, as the GPU's
-cvt.rn does), so CI compares the kernel with the plan's reference; tests/compile_check.py counts the bf16
-tensor-core instructions (mma.sync / wgmma) in the compiled kernels and their spills.
-Tests: tests/test_kda_triton.py, tests/test_kda_precision.py. Design after fla's chunk_kda; Kimi Linear
-is arXiv 2510.26692.
+On CPU the kernels run under the Triton interpreter (TRITON_INTERPRET=1) in float32 numpy, where 16-bit
+inputs take PLAN_BF16_EMULATED: the plan's roundings done on the bits, as the GPU's cvt.rn does. The same
+roundings in PyTorch are tests/kda_precision_ref.py, which tests/test_kda_precision.py compares the kernels
+with; tests/compile_check.py counts the bf16 tensor-core instructions and spills of the compiled kernels.
+Tests: tests/test_kda_triton.py, tests/test_kda_precision.py. Design after fla's chunk_kda; Kimi Linear is
+arXiv 2510.26692.
 """
 import contextlib
 
@@ -93,49 +78,28 @@ import triton
 import triton.language as tl
 
 from kernels.launch import gpu_config
+from kernels.precision import PLAN_BF16, PLAN_BF16_EMULATED, PLAN_FP32, plan_dot, round_bf16
 
 CHUNK = 64      # tokens per chunk
 SUB = 16        # rows per sub-chunk (the anchor span)
 MAX_K = 128
 MAX_V = 256
-# the kernels with bf16 rows in the precision plan: on the 16-bit GPU path (PLAN = 1) each must compile to
+# the kernels with bf16 rows in the precision plan: on the 16-bit GPU path (PLAN_BF16) each must compile to
 # bf16 tensor-core instructions (mma.sync / wgmma), which tests/compile_check.py checks in the PTX
 BF16_TENSOR_CORE_KERNELS = ("_intra_fwd", "_solve_wy_fwd", "_state_fwd", "_output_fwd",
                             "_state_bwd", "_chunk_bwd", "_intra_bwd")
 
 
 # -----------------------------------------------------------------------------------------------------
-# the precision plan's matmul (see the table in the module docstring)
-
-@triton.jit
-def _round_bf16(x):
-    # float32 -> nearest bfloat16 (ties to even, as the GPU's cvt.rn.bf16.f32), kept in float32: the
-    # interpreter's own float32 -> bf16 cast truncates, so the rounding is done on the bits
-    bits = x.to(tl.uint32, bitcast=True)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _dot(a, b, PLAN: tl.constexpr, PREC: tl.constexpr):
-    """a @ b for a row of the plan marked bf16. PLAN 1: bf16 operands on the tensor cores, float32
-    accumulation; PLAN 2: the same rounding in float32 (the interpreter); PLAN 0: float32 operands."""
-    if PLAN == 1:
-        c = tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    elif PLAN == 2:
-        c = tl.dot(_round_bf16(a), _round_bf16(b), input_precision="ieee")
-    else:
-        c = tl.dot(a, b, input_precision=PREC)
-    return c
-
+# helpers (the products themselves are kernels/precision.py's plan_dot)
 
 @triton.jit
 def _out(x, ptr, PLAN: tl.constexpr):
     """x cast to the dtype ptr points to. The interpreter's float32 -> bf16 cast truncates where the
     GPU's rounds to nearest, so off the GPU's bf16 path the rounding is done first."""
-    if PLAN != 1:
+    if PLAN != PLAN_BF16:
         if ptr.dtype.element_ty == tl.bfloat16:
-            x = _round_bf16(x)
+            x = round_bf16(x)
     return x.to(ptr.dtype.element_ty)
 
 
@@ -209,8 +173,8 @@ def _intra_fwd(q, k, gc, Aqk, Akk, scale, T, Tp, H: tl.constexpr, K: tl.constexp
                 g_all = tl.load(gc + g_base + rows_all[:, None] * K + cols[None, :], mask=mc, other=0.0)
                 k_n = tl.where(before, k_all * tl.exp(tl.where(before, g_n[None, :] - g_all, 0.0)), 0.0)
                 e_r = tl.exp(g_r - g_n[None, :])
-                off_q += _dot(q_r * e_r, tl.trans(k_n), PLAN, PREC)
-                off_k += _dot(k_r * e_r, tl.trans(k_n), PLAN, PREC)
+                off_q += plan_dot(q_r * e_r, tl.trans(k_n), PLAN, PREC)
+                off_k += plan_dot(k_r * e_r, tl.trans(k_n), PLAN, PREC)
         dia_k = tl.where(o_c[:, None] > o_c[None, :], dia_k, 0.0)
         # two disjoint stores: the row block without its diagonal block (zeros after it, so later kernels
         # can load whole 64x64 tiles), then the diagonal block
@@ -271,7 +235,7 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
         b_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
         G = tl.load(gc + b_off, mask=mk, other=0.0)
         g_last = tl.load(gc + (i_bh * Tp + t0 + BT - 1) * K + o_k, mask=o_k < K, other=0.0)
-        w = _dot(Xf, kk * tl.exp(G) * b[:, None], PLAN, PREC)
+        w = plan_dot(Xf, kk * tl.exp(G) * b[:, None], PLAN, PREC)
         tl.store(W + b_off, w, mask=mk)
         tl.store(Kd + b_off, kk * tl.exp(g_last[None, :] - G), mask=mk)   # decay to the chunk's end: <= 1
         if STORE_QG:
@@ -282,7 +246,7 @@ def _solve_wy_fwd(q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H: tl.c
         mv = o_v[None, :] < V
         vv = tl.load(v + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
                      mask=mt[:, None] & mv, other=0.0).to(tl.float32)
-        u = _dot(Xf, vv * b[:, None], PLAN, PREC)
+        u = plan_dot(Xf, vv * b[:, None], PLAN, PREC)
         tl.store(U + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], u, mask=mv)
 
 
@@ -315,11 +279,11 @@ def _state_fwd(Kd, gc, W, U, h, vn, h0, ht, T, Tp, NT, H: tl.constexpr, K: tl.co
         rows = n * BT + o_t
         w = tl.load(W + (i_bh * Tp + rows[:, None]) * K + o_k[None, :], mask=mk[None, :], other=0.0)
         u = tl.load(U + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv[None, :], other=0.0)
-        v_new = u - _dot(w, S, PLAN, PREC)
+        v_new = u - plan_dot(w, S, PLAN, PREC)
         tl.store(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], v_new, mask=mv[None, :])
         k_dec = tl.load(Kd + (i_bh * Tp + rows[:, None]) * K + o_k[None, :], mask=mk[None, :], other=0.0)
         g_last = tl.load(gc + (i_bh * Tp + n * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
-        S = S * tl.exp(g_last)[:, None] + _dot(tl.trans(k_dec), v_new, PLAN, PREC)
+        S = S * tl.exp(g_last)[:, None] + plan_dot(tl.trans(k_dec), v_new, PLAN, PREC)
     if STORE_HT:
         tl.store(ht + i_bh * K * V + s_off, S, mask=m_kv)
 
@@ -344,7 +308,7 @@ def _output_fwd(q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H: tl.constexpr, K: tl.c
                 mask=mk[:, None] & mv[None, :], other=0.0)
     A = tl.load(Aqk + (i_bh * Tp + rows[:, None]) * BT + o_t[None, :])
     v_new = tl.load(vn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv[None, :], other=0.0)
-    out = _dot(qq * tl.exp(G) * scale, S, PLAN, PREC) + _dot(A, v_new, PLAN, PREC)
+    out = plan_dot(qq * tl.exp(G) * scale, S, PLAN, PREC) + plan_dot(A, v_new, PLAN, PREC)
     tl.store(o + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :], _out(out, o, PLAN),
              mask=mt[:, None] & mv[None, :])
 
@@ -373,12 +337,12 @@ def _state_bwd(Qg, Kd, gc, W, Aqk, do, dh, dvn, dht, dh0, T, Tp, NT, H: tl.const
         x_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
         k_dec = tl.load(Kd + x_off, mask=mk[None, :], other=0.0)
         g_last = tl.load(gc + (i_bh * Tp + n * BT + BT - 1) * K + o_k, mask=mk, other=0.0)
-        dv_new = _dot(tl.trans(A), d_o, PLAN, PREC) + _dot(k_dec, dS, PLAN, PREC)
+        dv_new = plan_dot(tl.trans(A), d_o, PLAN, PREC) + plan_dot(k_dec, dS, PLAN, PREC)
         tl.store(dvn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], dv_new, mask=mv[None, :])
         q_g = tl.load(Qg + x_off, mask=mk[None, :], other=0.0)
-        dS = dS * tl.exp(g_last)[:, None] + _dot(tl.trans(q_g), d_o, PLAN, PREC)
+        dS = dS * tl.exp(g_last)[:, None] + plan_dot(tl.trans(q_g), d_o, PLAN, PREC)
         w = tl.load(W + x_off, mask=mk[None, :], other=0.0)
-        dS -= _dot(tl.trans(w), dv_new, PLAN, PREC)
+        dS -= plan_dot(tl.trans(w), dv_new, PLAN, PREC)
     tl.store(dh0 + i_bh * K * V + s_off, dS, mask=m_kv)
 
 
@@ -409,9 +373,9 @@ def _chunk_bwd(q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, d
                       mask=m_tv, other=0.0).to(tl.float32)
         vv = tl.load(v + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
                      mask=m_tv, other=0.0).to(tl.float32)
-        dA += _dot(d_o, tl.trans(v_new), PLAN, PREC)
-        dX += _dot(dv_new, tl.trans(vv * b[:, None]), PLAN, PREC)
-        t_v = _dot(tl.trans(Xf), dv_new, PLAN, PREC)          # dLoss/d(beta v)
+        dA += plan_dot(d_o, tl.trans(v_new), PLAN, PREC)
+        dX += plan_dot(dv_new, tl.trans(vv * b[:, None]), PLAN, PREC)
+        t_v = plan_dot(tl.trans(Xf), dv_new, PLAN, PREC)      # dLoss/d(beta v)
         tl.store(dv + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
                  _out((t_v * b[:, None]), dv, PLAN), mask=m_tv)
         db += tl.sum(t_v * vv, axis=1)
@@ -434,9 +398,9 @@ def _chunk_bwd(q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, d
             dv_new = tl.load(dvn + (i_bh * Tp + rows[:, None]) * V + o_v[None, :], mask=mv, other=0.0)
             d_o = tl.load(do + (i_b * T + rows[:, None]) * H * V + i_h * V + o_v[None, :],
                           mask=mt[:, None] & mv, other=0.0).to(tl.float32)
-            dqg += _dot(d_o, tl.trans(S), PLAN, PREC)
-            dkd += _dot(v_new, tl.trans(dS), PLAN, PREC)
-            dw -= _dot(dv_new, tl.trans(S), PLAN, PREC)
+            dqg += plan_dot(d_o, tl.trans(S), PLAN, PREC)
+            dkd += plan_dot(v_new, tl.trans(dS), PLAN, PREC)
+            dw -= plan_dot(dv_new, tl.trans(S), PLAN, PREC)
             dgl += tl.sum(S * dS, axis=1)
         x_off = (i_b * T + rows[:, None]) * H * K + i_h * K + o_k[None, :]
         b_off = (i_bh * Tp + rows[:, None]) * K + o_k[None, :]
@@ -448,8 +412,8 @@ def _chunk_bwd(q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, d
         e_g = tl.exp(G)
         dq = dqg * e_g * scale
         kg_b = kk * e_g * b[:, None]                   # the rows W is built from
-        dX += _dot(dw, tl.trans(kg_b), PLAN, PREC)
-        t_w = _dot(tl.trans(Xf), dw, PLAN, PREC)              # dLoss/d(beta k exp(G))
+        dX += plan_dot(dw, tl.trans(kg_b), PLAN, PREC)
+        t_w = plan_dot(tl.trans(Xf), dw, PLAN, PREC)          # dLoss/d(beta k exp(G))
         dk = dkd * tl.exp(g_last[None, :] - G) + t_w * e_g * b[:, None]
         db += tl.sum(t_w * kk * e_g, axis=1)
         kd_dkd = k_dec * dkd
@@ -550,8 +514,8 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
             p_q = tl.load(Pq + a_base + rows_s[:, None] * BT + o_t[None, :])              # [BC, BT]
             p_k = tl.load(Pk + a_base + rows_s[:, None] * BT + o_t[None, :])
             e_s = tl.exp(g_s - g_n[None, :])
-            rq += e_s * _dot(p_q, k_n, PLAN, PREC)
-            rk += e_s * _dot(p_k, k_n, PLAN, PREC)
+            rq += e_s * plan_dot(p_q, k_n, PLAN, PREC)
+            rk += e_s * plan_dot(p_k, k_n, PLAN, PREC)
         if s < NC - 1:
             # later rows i, anchored at this block's last row m: e^(G_i-G_m) e^(G_m-G_j), both <= 1
             g_m = tl.load(gc + g_base + (t0 + s * BC + BC - 1) * K + cols, mask=cols < K, other=0.0)
@@ -560,8 +524,8 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
             p_q = tl.load(Pq + a_base + rows_all[:, None] * BT + s * BC + o_c[None, :])   # [BT, BC]
             p_k = tl.load(Pk + a_base + rows_all[:, None] * BT + s * BC + o_c[None, :])
             e_s = tl.exp(g_m[None, :] - g_s)
-            cq += e_s * _dot(tl.trans(p_q), q_all * e_after, PLAN, PREC)
-            ck += e_s * _dot(tl.trans(p_k), k_all * e_after, PLAN, PREC)
+            cq += e_s * plan_dot(tl.trans(p_q), q_all * e_after, PLAN, PREC)
+            ck += e_s * plan_dot(tl.trans(p_k), k_all * e_after, PLAN, PREC)
         x_off = g_base + rows_s[:, None] * K + cols[None, :]
         d_q = tl.load(dq_p + x_off, mask=mc, other=0.0) + rq
         d_k = tl.load(dk_p + x_off, mask=mc, other=0.0) + rk + cq + ck
@@ -579,21 +543,19 @@ def _intra_bwd(q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H: tl.cons
 # host side
 
 def _settings(gpu, dtype, K, V):
-    """Block sizes, warps and the precision plan. PLAN: 0 = float32 operands everywhere (float32 inputs),
-    1 = bf16 operands on the plan's bf16 rows (16-bit inputs on a GPU), 2 = the same rounding emulated in
-    float32 (16-bit inputs in the interpreter, whose bf16 tl.dot is wrong). PREC: the float32 products'
-    precision: tf32x3 (about float32 accuracy, on the tensor cores) for the solve on the 16-bit path,
-    exact elsewhere. The interpreter runs
-    each program as numpy code, so there fewer and wider programs are faster; on a GPU the tiles are sized
-    so that no kernel spills registers on the 16-bit path (tests/compile_check.py measures it for sm_90 and
-    sm_80; the float32 state kernels at K = 128 still spill, reported there)."""
+    """Block sizes, warps and the precision plan. PLAN (kernels/precision.py): PLAN_FP32 for float32 inputs,
+    PLAN_BF16 for 16-bit inputs on a GPU, PLAN_BF16_EMULATED for 16-bit inputs in the interpreter (whose bf16
+    tl.dot is wrong). PREC, the float32 products' precision: tf32x3 (about float32 accuracy, on the tensor
+    cores) for the solve on the 16-bit GPU path, exact ("ieee") elsewhere. The interpreter runs each program
+    as numpy code, so there fewer and wider programs are faster; on a GPU no kernel spills registers on the
+    16-bit path (tests/compile_check.py; the float32 state kernels at K = 128 still spill, reported there)."""
     BK = max(16, triton.next_power_of_2(K))
     bv_full = max(16, triton.next_power_of_2(V))
     low = dtype in (torch.bfloat16, torch.float16)
     if not gpu:
         one = dict(num_warps=1, num_stages=1)
         return dict(BK=BK, BKS=BK, BKD=BK, BV=bv_full, BV_STATE=bv_full, BV_CHUNK=bv_full,
-                    PLAN=2 if low else 0, PREC="ieee",
+                    PLAN=(PLAN_BF16_EMULATED if low else PLAN_FP32).value, PREC="ieee",
                     l_cumsum=one, l_intra=one, l_solve=one, l_state=one, l_state_bwd=one, l_out=one,
                     l_chunk=one, l_solve_bwd=one, l_intra_bwd=one)
     # launch options per kernel (num_stages is explicit: the default of 3 would ask the state kernels
@@ -602,7 +564,7 @@ def _settings(gpu, dtype, K, V):
     # twice the registers of bf16 ones
     bv = 16 if not low else 32
     return dict(BK=BK, BKS=16, BKD=16, BV=min(bv, bv_full), BV_STATE=min(bv, bv_full), BV_CHUNK=min(16, bv_full),
-                PLAN=1 if low else 0, PREC="tf32x3" if low else "ieee",
+                PLAN=(PLAN_BF16 if low else PLAN_FP32).value, PREC="tf32x3" if low else "ieee",
                 l_cumsum=dict(num_warps=4, num_stages=1), l_intra=dict(num_warps=4, num_stages=2),
                 l_solve=dict(num_warps=8, num_stages=1), l_state=dict(num_warps=8, num_stages=2),
                 l_state_bwd=dict(num_warps=8, num_stages=1), l_out=dict(num_warps=8, num_stages=2),
@@ -631,19 +593,23 @@ def _forward(q, k, v, g, beta, scale, h0, output_final_state, for_backward=False
     h = torch.empty(BH, NT, K, V, **f32)                # state entering each chunk
     vn = torch.empty(BH, Tp, V, **f32)
     ht = torch.empty(B, H, K, V, **f32) if output_final_state else None
-    _cumsum_fwd[(NT, BH)](g, gc, T, Tp, H, K, CHUNK, c["BK"], **c["l_cumsum"])
-    _intra_fwd[(NT, BH)](q, k, gc, Aqk, Akk, scale, T, Tp, H, K, CHUNK, SUB, c["BKD"], c["PLAN"], c["PREC"],
+    size = dict(T=T, Tp=Tp, H=H, K=K, BT=CHUNK)
+    plan = dict(PLAN=c["PLAN"], PREC=c["PREC"])
+    _cumsum_fwd[(NT, BH)](g=g, gc=gc, **size, BK=c["BK"], **c["l_cumsum"])
+    _intra_fwd[(NT, BH)](q=q, k=k, gc=gc, Aqk=Aqk, Akk=Akk, scale=scale, **size, BC=SUB, BKD=c["BKD"], **plan,
                          **c["l_intra"])
-    _solve_wy_fwd[(NT, BH)](q, k, v, beta, gc, Akk, X, W, U, Kd, Qg, scale, T, Tp, H, K, V, CHUNK, SUB,
-                            c["BKS"], c["BV_CHUNK"], for_backward, c["PLAN"], c["PREC"], **c["l_solve"])
+    _solve_wy_fwd[(NT, BH)](q=q, k=k, v=v, beta=beta, gc=gc, Akk=Akk, X=X, W=W, U=U, Kd=Kd, Qg=Qg, scale=scale,
+                            **size, V=V, BC=SUB, BKS=c["BKS"], BV=c["BV_CHUNK"], STORE_QG=for_backward, **plan,
+                            **c["l_solve"])
     _state_fwd[(triton.cdiv(V, c["BV_STATE"]), BH)](
-        Kd, gc, W, U, h, vn, h0 if h0 is not None else gc, ht if ht is not None else gc, T, Tp, NT, H, K, V,
-        CHUNK, c["BK"], c["BV_STATE"], h0 is not None, ht is not None, c["PLAN"], c["PREC"], **c["l_state"])
+        Kd=Kd, gc=gc, W=W, U=U, h=h, vn=vn, h0=h0 if h0 is not None else gc, ht=ht if ht is not None else gc,
+        **size, NT=NT, V=V, BK=c["BK"], BV=c["BV_STATE"], HAS_H0=h0 is not None, STORE_HT=ht is not None, **plan,
+        **c["l_state"])
     if for_backward:
         return None, None, (gc, Aqk, Akk, X, W, Kd, Qg, h, vn)
     o = torch.empty(B, T, H, V, device=q.device, dtype=v.dtype)
-    _output_fwd[(NT, triton.cdiv(V, c["BV"]), BH)](q, gc, h, Aqk, vn, o, scale, T, Tp, NT, H, K, V, CHUNK,
-                                                  c["BK"], c["BV"], c["PLAN"], c["PREC"], **c["l_out"])
+    _output_fwd[(NT, triton.cdiv(V, c["BV"]), BH)](q=q, gc=gc, h=h, Aqk=Aqk, vn=vn, o=o, scale=scale, **size, NT=NT,
+                                                  V=V, BK=c["BK"], BV=c["BV"], **plan, **c["l_out"])
     return o, ht, None
 
 
@@ -659,22 +625,26 @@ def _backward(q, k, v, g, beta, scale, h0, do, dht):
     dh = torch.empty(BH, NT, K, V, **f32)               # gradient of the state leaving each chunk
     dvn = torch.empty(BH, Tp, V, **f32)
     dh0 = torch.empty(B, H, K, V, **f32)
+    size = dict(T=T, Tp=Tp, H=H, BT=CHUNK)
+    plan = dict(PLAN=c["PLAN"], PREC=c["PREC"])
     _state_bwd[(triton.cdiv(V, c["BV_STATE"]), BH)](
-        Qg, Kd, gc, W, Aqk, do, dh, dvn, dht if dht is not None else gc, dh0, T, Tp, NT, H, K, V, CHUNK,
-        c["BK"], c["BV_STATE"], dht is not None, c["PLAN"], c["PREC"], **c["l_state_bwd"])
+        Qg=Qg, Kd=Kd, gc=gc, W=W, Aqk=Aqk, do=do, dh=dh, dvn=dvn, dht=dht if dht is not None else gc, dh0=dh0,
+        **size, NT=NT, K=K, V=V, BK=c["BK"], BV=c["BV_STATE"], HAS_DHT=dht is not None, **plan, **c["l_state_bwd"])
     dq_p, dk_p, dg_p = (torch.empty(BH, Tp, K, **f32) for _ in range(3))
     Pq = torch.empty(BH, Tp, CHUNK, **f32)
     Pk = torch.empty(BH, Tp, CHUNK, **f32)
     dv = torch.empty_like(v)
     dbeta = torch.empty_like(beta)
     db_p = torch.empty(B, T, H, **f32)                  # beta's gradient before the inverse's share
-    _chunk_bwd[(NT, BH)](q, k, v, beta, gc, X, Kd, h, dh, vn, dvn, do, dq_p, dk_p, dg_p, dv, db_p, Pq, Pk,
-                         scale, T, Tp, NT, H, K, V, CHUNK, c["BKS"], c["BV_CHUNK"], c["PLAN"], c["PREC"],
-                         **c["l_chunk"])
-    _solve_bwd[(NT, BH)](beta, X, Akk, Pk, db_p, dbeta, T, Tp, H, CHUNK, SUB, c["PLAN"], c["PREC"], **c["l_solve_bwd"])
+    _chunk_bwd[(NT, BH)](q=q, k=k, v=v, beta=beta, gc=gc, X=X, Kd=Kd, h=h, dh=dh, vn=vn, dvn=dvn, do=do, dq_p=dq_p,
+                         dk_p=dk_p, dg_p=dg_p, dv=dv, db_p=db_p, Pq=Pq, Pk=Pk, scale=scale, **size, NT=NT, K=K, V=V,
+                         BKS=c["BKS"], BV=c["BV_CHUNK"], **plan, **c["l_chunk"])
+    _solve_bwd[(NT, BH)](beta=beta, X=X, Akk=Akk, Pk=Pk, db_p=db_p, dbeta=dbeta, **size, BC=SUB, **plan,
+                         **c["l_solve_bwd"])
     dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g)
-    _intra_bwd[(NT, triton.cdiv(K, c["BKD"]), BH)](q, k, gc, Pq, Pk, dq_p, dk_p, dg_p, dq, dk, dg, T, Tp, H, K,
-                                                    CHUNK, SUB, c["BKD"], c["PLAN"], c["PREC"], **c["l_intra_bwd"])
+    _intra_bwd[(NT, triton.cdiv(K, c["BKD"]), BH)](q=q, k=k, gc=gc, Pq=Pq, Pk=Pk, dq_p=dq_p, dk_p=dk_p, dg_p=dg_p,
+                                                    dq=dq, dk=dk, dg=dg, **size, K=K, BC=SUB, BKD=c["BKD"], **plan,
+                                                    **c["l_intra_bwd"])
     return dq, dk, dv, dg, dbeta, dh0
 
 

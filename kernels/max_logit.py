@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels.launch import gpu_config
+from kernels.precision import PLAN_FP32, plan_dot
 
 
 @triton.jit
@@ -30,6 +31,7 @@ def _max_logit_kernel(
     stride_kb, stride_kh, stride_kt, stride_kd,
     IEEE_FP32: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    PREC: tl.constexpr = "ieee" if IEEE_FP32 else None   # exact float32 products, else the tensor cores
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -53,11 +55,7 @@ def _max_logit_kernel(
         offs_n = n0 + tl.arange(0, BLOCK_N).to(tl.int64)
         kt = tl.load(K + offs_n[None, :] * stride_kt + offs_d[:, None] * stride_kd,
                      mask=(offs_n[None, :] < T) & (offs_d[:, None] < Dh), other=0.0)  # [BLOCK_D, BLOCK_N]
-        if IEEE_FP32:
-            s = tl.dot(q, kt, input_precision="ieee")
-        else:
-            s = tl.dot(q, kt)
-        s = s * scale  # [BLOCK_M, BLOCK_N], float32
+        s = plan_dot(q, kt, PLAN_FP32, PREC) * scale  # [BLOCK_M, BLOCK_N], float32
         keep = offs_n[None, :] < T
         if CAUSAL:
             keep = keep & (offs_n[None, :] <= offs_m[:, None])
@@ -93,9 +91,8 @@ def max_logit_triton(q: torch.Tensor, k: torch.Tensor, scale: float, causal: boo
     cfg = launch_config(Dh, q.dtype, gpu_config(q), causal)
     n_tiles = triton.cdiv(T, cfg["BLOCK_M"])
     out = torch.empty(B * H, n_tiles, device=q.device, dtype=torch.float32)
+    strides = {f"stride_{name}{dim}": st for name, x in (("q", q), ("k", k)) for dim, st in zip("bhtd", x.stride())}
     _max_logit_kernel[(n_tiles, B * H)](
-        q, k, out, T, H, Dh, H // Hkv, float(scale), n_tiles,
-        *q.stride(), *k.stride(),
-        IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal), **cfg,
-    )
+        Q=q, K=k, Out=out, T=T, H=H, Dh=Dh, group=H // Hkv, scale=float(scale), n_tiles=n_tiles, **strides,
+        IEEE_FP32=q.dtype == torch.float32, CAUSAL=bool(causal), **cfg)
     return out.amax(dim=1).view(B, H)

@@ -118,15 +118,17 @@ def sym_gram(P: torch.Tensor, alpha: float = 1.0, beta: float = 0.0, add: torch.
     if batch == 0 or M == 0:
         return C
     add_t = add if add is not None else C  # a dummy pointer when HAS_ADD is False; never read
-    args = (P, add_t, C, M, K, *P.stride(), *add_t.stride(), *C.stride(), float(alpha), float(beta))
-    flags = dict(HAS_ADD=add is not None, IEEE_FP32=P.dtype == torch.float32)
+    (spb, spm, spk), (sab, sam, san), (scb, scm, scn) = P.stride(), add_t.stride(), C.stride()
+    args = dict(P=P, ADD=add_t, C=C, M=M, K=K, stride_pb=spb, stride_pm=spm, stride_pk=spk,
+                stride_ab=sab, stride_am=sam, stride_an=san, stride_cb=scb, stride_cm=scm, stride_cn=scn,
+                alpha=float(alpha), beta=float(beta), HAS_ADD=add is not None, IEEE_FP32=P.dtype == torch.float32)
     if gpu_config(P):
         grid = lambda meta: (triton.cdiv(M, meta["BLOCK"]), triton.cdiv(M, meta["BLOCK"]), batch)  # noqa: E731
-        tuned = _sym_gram_tuned_fp32 if flags["IEEE_FP32"] else _sym_gram_tuned
-        tuned[grid](*args, **flags)
+        tuned = _sym_gram_tuned_fp32 if args["IEEE_FP32"] else _sym_gram_tuned
+        tuned[grid](**args)
     else:
         nb = triton.cdiv(M, _INTERPRET_BLOCK)
-        _sym_gram_kernel[(nb, nb, batch)](*args, **flags, BLOCK=_INTERPRET_BLOCK, BLOCK_K=_INTERPRET_BLOCK_K)
+        _sym_gram_kernel[(nb, nb, batch)](**args, BLOCK=_INTERPRET_BLOCK, BLOCK_K=_INTERPRET_BLOCK_K)
     return C
 
 

@@ -19,7 +19,7 @@ spill bytes from the `ptxas -v` report of Triton's bundled ptxas (knobs.nvidia.d
 tensor-core instruction mix from the PTX: mma.sync / wgmma counted by operand type (bf16, f16, tf32, ...).
 
 Fails on: a compile error; shared memory above the card's per-block limit (H100/H200 232,448 B,
-A100 166,912 B); any spill, except in the KDA kernels' float32 accuracy path (PLAN=0: float32 inputs,
+A100 166,912 B); any spill, except in the KDA kernels' float32 accuracy path (PLAN_FP32: float32 inputs,
 which only tests use; reported); a KDA kernel that the precision plan gives bf16 products
 (kernels.kda.BF16_TENSOR_CORE_KERNELS), or a fused-attention kernel (kernels/attention.py) on bf16 inputs,
 compiling to no bf16 tensor-core instruction on the 16-bit path.
@@ -181,6 +181,9 @@ def _gpu_default_model():
 
 
 def workloads():
+    # import kernels/ first: bench.py sets TRITON_INTERPRET=1 on a machine without CUDA, and a kernel module
+    # imported after that would hand the compiler interpreter objects for its device functions (plan_dot)
+    all_kernels()
     import bench   # the benchmark shapes on CUDA, as bench.py defines them
     work = _gpu_default_model()
     # python bench.py kda (CUDA): bf16 q/k/v, float32 g and beta, forward and backward at every length
@@ -250,26 +253,21 @@ def _jit(kernel) -> JITFunction:
 
 def all_kernels() -> dict:
     """Every @triton.jit kernel defined in a module of kernels/: {"module.name": kernel object}. A jit
-    function that another jit function of its module calls (a device function, e.g. kda's _dot) is
-    compiled into its callers, not launched, so it is not listed."""
+    function that another jit function of kernels/ calls (a device function, e.g. kernels/precision.py's
+    plan_dot) is compiled into its callers, not launched, so it is not listed."""
     import inspect
     import kernels
-    found = {}
+    jitted = {}
     for info in pkgutil.iter_modules(kernels.__path__):
         module = importlib.import_module(f"kernels.{info.name}")
-        jitted = {}
         for obj in vars(module).values():
             if isinstance(obj, Autotuner):
                 obj = obj.fn
             if isinstance(obj, (JITFunction, InterpretedFunction)) and obj.fn.__module__ == module.__name__:
-                jitted[obj.fn.__name__] = obj
-        sources = {name: inspect.getsource(obj.fn) for name, obj in jitted.items()}
-        for name, obj in jitted.items():
-            called = any(re.search(rf"\b{name}\(", src) for other, src in sources.items()
-                         if other != name)
-            if not called:
-                found[f"{module.__name__}.{name}"] = obj
-    return found
+                jitted[f"{module.__name__}.{obj.fn.__name__}"] = obj
+    sources = {key: inspect.getsource(obj.fn) for key, obj in jitted.items()}
+    return {key: obj for key, obj in jitted.items()
+            if not any(re.search(rf"\b{obj.fn.__name__}\(", src) for other, src in sources.items() if other != key)}
 
 
 def _expand(launch):
@@ -310,7 +308,8 @@ def jobs(work):
             for fn, args, kwargs in _expand(launch):
                 kname = f"{fn.fn.__module__}.{fn.fn.__name__}"
                 kernels_hit.add(kname)
-                dtypes = sorted({str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor)})
+                dtypes = sorted({str(a.dtype).replace("torch.", "") for a in (*args, *kwargs.values())
+                                 if isinstance(a, torch.Tensor)})
                 for cap in TARGETS:
                     sig, constexprs, attrs, options = specialise(fn, args, kwargs, cap)
                     key = (kname, cap, repr(sig), repr(sorted(constexprs.items())), repr(sorted(attrs.items())),
@@ -368,18 +367,20 @@ def compile_one(job):
 
 def verdict(job, res) -> str:
     from kernels.kda import BF16_TENSOR_CORE_KERNELS
+    from kernels.precision import PLAN_BF16, PLAN_FP32
     kda = job["module"] == "kernels.kda"
     if "error" in res:
         return "FAIL compile"
     if res["smem"] > TARGETS[job["capability"]]:
         return "FAIL smem"
     if res["spill_st"] or res["spill_ld"]:
-        # KDA's float32 inputs (PLAN 0) are the accuracy path tests use: exact float32 tiles at K = 128
+        # KDA's float32 inputs (PLAN_FP32) are the accuracy path tests use: exact float32 tiles at K = 128
         # do not fit the registers; reported, not failed
-        return "spill (KDA fp32 accuracy path, reported)" if kda and job.get("plan") == 0 else "FAIL spill"
+        fp32_path = kda and job.get("plan") == PLAN_FP32.value
+        return "spill (KDA fp32 accuracy path, reported)" if fp32_path else "FAIL spill"
     # the KDA kernels that the precision plan gives bf16 products, and every fused-attention kernel on bf16
     # inputs, must multiply on bf16 tensor cores
-    wants_bf16 = (kda and job.get("plan") == 1 and job["name"] in BF16_TENSOR_CORE_KERNELS) or \
+    wants_bf16 = (kda and job.get("plan") == PLAN_BF16.value and job["name"] in BF16_TENSOR_CORE_KERNELS) or \
         (job["module"] == "kernels.attention" and job.get("config", "").startswith("bfloat16"))
     if wants_bf16 and not res.get("mma", {}).get("mma.bf16") and not res.get("mma", {}).get("wgmma.bf16"):
         return "FAIL no bf16 tensor cores"

@@ -135,10 +135,25 @@ def test_config_backend_reaches_every_op():
     assert MuonClip.from_model(gpt, ns_backend="ref").ns_backend == "ref"   # an explicit choice wins
 
 
-def test_auto_falls_back_to_reference_beyond_kernel_limits():
-    from kda import resolve_backend
-    assert resolve_backend("auto", True, 64, 64) == "triton"
-    assert resolve_backend("auto", True, 256, 64) == "ref"    # head dim > 128: the kernels cannot hold it
-    assert resolve_backend("auto", True, 64, 512) == "ref"
-    assert resolve_backend("auto", False, 64, 64) == "ref"
-    assert resolve_backend("triton", True, 256, 64) == "triton"  # asked explicitly: kda() raises its clear error
+def test_auto_falls_back_to_reference_beyond_kernel_limits(monkeypatch):
+    # kda()'s use of the backend rule (kernels.launch.use_triton), its tensors seen as if on CUDA: "auto"
+    # takes the kernels within K <= 128, V <= 256 and the reference beyond them; "triton" beyond them stops
+    import kda
+    import kernels.kda
+    from kernels import launch
+    on_cuda = True
+    monkeypatch.setattr(kda, "use_triton", lambda backend, _, *args: launch.use_triton(backend, on_cuda, *args))
+    monkeypatch.setattr(kernels.kda, "chunk_kda_triton", lambda *args: ("kernels", None))
+
+    def path(K, V, backend="auto"):
+        q, v = torch.randn(1, 4, 1, K), torch.randn(1, 4, 1, V)
+        o, _ = kda.kda(q, q, v, -q.abs(), torch.rand(1, 4, 1), backend=backend)
+        return o if isinstance(o, str) else "ref"
+    assert path(64, 64) == "kernels"
+    assert path(256, 64) == "ref"           # head dim > 128: the kernels cannot hold it
+    assert path(64, 512) == "ref"
+    assert path(64, 64, "ref") == "ref"
+    with pytest.raises(ValueError, match="kda: the Triton path supports K <= 128 and V <= 256, got K=256"):
+        path(256, 64, "triton")             # asked explicitly: the clear error, not a silent fallback
+    on_cuda = False
+    assert path(64, 64) == "ref"            # CPU tensors: the reference

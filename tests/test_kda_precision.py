@@ -2,11 +2,12 @@
 
 The GPU kernels feed bf16 operands to the tensor cores on the plan's bf16 rows and keep the decays, the
 solve and the state in float32. bf16 `tl.dot` is wrong in Triton's CPU interpreter, so:
-  - kda_chunk_ref(precision="bf16") rounds exactly the operands the plan rounds and accumulates in float32;
-    its error against the float32 reference is measured here at T up to 4096, weak and strong decay, head
-    dims 64 and 128, and stays within TOL, where rounding everything to bf16 ("bf16-all") does not;
-  - the kernels' interpreter path (PLAN = 2) performs the same roundings in float32, so the kernel's
-    forward must match the bf16-plan reference far more tightly than either matches the float32 one;
+  - kda_chunk_plan(precision="bf16") (tests/kda_precision_ref.py) rounds exactly the operands the plan
+    rounds and accumulates in float32; its error against the float32 reference is measured here at T up to
+    4096, weak and strong decay, head dims 64 and 128, and stays within TOL, where rounding everything to
+    bf16 ("bf16-all") does not;
+  - the kernels' interpreter path (PLAN_BF16_EMULATED) performs the same roundings in float32, so the
+    kernel's forward must match the bf16-plan reference far more tightly than either matches the float32 one;
   - the kernel's backward (bf16 products too) is compared with the float32 reference under bf16 tolerances.
 
 TOL = 5e-3 relative RMS: rounding both operands of one product to bf16 (relative spacing 2^-7, so an RMS
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 
 from conftest import rel_rms
 from kda import kda_chunk_ref
+from kda_precision_ref import kda_chunk_plan
 
 TOL = 5e-3
 
@@ -41,7 +43,7 @@ def bf16_inputs(T, K, decay, B=1, H=1, positive_keys=False, seed=0):
 
 def errors(precision, q, k, v, g, beta, h0):
     o_ref, s_ref = kda_chunk_ref(q.float(), k.float(), v.float(), g, beta, None, h0, True)
-    o, s = kda_chunk_ref(q.float(), k.float(), v.float(), g, beta, None, h0, True, precision=precision)
+    o, s = kda_chunk_plan(q.float(), k.float(), v.float(), g, beta, None, h0, True, precision=precision)
     return rel_rms(o_ref, o), rel_rms(s_ref, s)
 
 
@@ -107,8 +109,8 @@ def test_the_state_stays_float32_because_roundings_would_accumulate():
         s = h0
         for t in range(0, 4096, 64):
             chunk = slice(t, t + 64)
-            _, s = kda_chunk_ref(q[:, chunk].float(), k[:, chunk].float(), v[:, chunk].float(), g[:, chunk],
-                                 beta[:, chunk], None, s, True, precision="bf16")
+            _, s = kda_chunk_plan(q[:, chunk].float(), k[:, chunk].float(), v[:, chunk].float(), g[:, chunk],
+                                  beta[:, chunk], None, s, True, precision="bf16")
             s = s.bfloat16().float() if round_state else s
         final[round_state] = rel_rms(s_ref, s)
     assert final[False] <= TOL and final[True] > 1.5 * final[False], final
@@ -174,7 +176,7 @@ def test_the_anchored_diagonal_overflows_without_the_bound():
     for g, finite in ((-20 * torch.rand(q.shape), False),                   # the channel gate's strong decay
                       (torch.full(q.shape, -6.5), False),                   # past the bound that float32 allows
                       (torch.full(q.shape, -5.0), True)):                   # the safe gate's bound
-        o, s = kda_chunk_ref(q.float(), k.float(), v.float(), g, beta, None, h0, True, precision="bf16-safe")
+        o, s = kda_chunk_plan(q.float(), k.float(), v.float(), g, beta, None, h0, True, precision="bf16-safe")
         assert bool(torch.isfinite(o).all() and torch.isfinite(s).all()) == finite, g.min()
 
 
@@ -191,11 +193,11 @@ def test_the_safe_gate_leaves_the_other_rows_float32():
 def test_plan_reference_rejects_unknown_precision():
     q, k, v, g, beta, h0 = bf16_inputs(8, 16, "mid")
     with pytest.raises(ValueError, match="precision must be"):
-        kda_chunk_ref(q, k, v, g, beta, precision="fp8")
+        kda_chunk_plan(q, k, v, g, beta, precision="fp8")
 
 
 # -----------------------------------------------------------------------------------------------------
-# the kernels (Triton interpreter): the plan's rounding emulated in float32 (PLAN = 2)
+# the kernels (Triton interpreter): the plan's rounding emulated in float32 (PLAN_BF16_EMULATED)
 
 @pytest.mark.parametrize("T,K,V,positive_keys", [(100, 32, 48, False), (130, 64, 64, True)])
 def test_kernel_forward_matches_the_bf16_plan_reference(T, K, V, positive_keys):
@@ -204,7 +206,7 @@ def test_kernel_forward_matches_the_bf16_plan_reference(T, K, V, positive_keys):
     v = torch.randn(1, T, 2, V, generator=torch.Generator().manual_seed(1)).bfloat16()
     h0 = torch.randn(1, 2, K, V, generator=torch.Generator().manual_seed(2))
     o, s = chunk_kda_triton(q, k, v, g, beta, None, h0, True)
-    o_plan, s_plan = kda_chunk_ref(q, k, v, g, beta, None, h0, True, precision="bf16")
+    o_plan, s_plan = kda_chunk_plan(q, k, v, g, beta, None, h0, True, precision="bf16")
     o_fp32, s_fp32 = kda_chunk_ref(q, k, v, g, beta, None, h0, True)
     # same roundings, different summation order: a rare operand lands on the other side of a bf16
     # rounding boundary (measured <= 6.4e-5 for o, ~2e-8 for the float32 state)

@@ -105,7 +105,7 @@ def test_gpu_tiling_under_interpreter(monkeypatch):
                                          (torch.bfloat16, 130, 64, 64)])
 def test_half_inputs_on_cpu(dtype, T, K, V):
     # 16-bit inputs take the precision plan (bf16 products, float32 decays/solve/state); the interpreter
-    # emulates its roundings in float32 (PLAN = 2, tests/test_kda_precision.py checks the forward against
+    # emulates its roundings in float32 (PLAN_BF16_EMULATED; tests/test_kda_precision.py checks the forward against
     # the plan's reference). Here forward and backward against the float32 reference, under bf16 tolerances
     # (fla's: o 5e-3, dq/dk/dv 8e-3, dg/dbeta 2e-2). For fp16 the gate and beta stay float32 (mixed dtypes),
     # and their grads come back in float32.

@@ -83,13 +83,16 @@ def _probe(extents, pid):
 
 def _run_last_program(launch, grid):
     """One program of a recorded launch, at the largest program id on every axis, with tiny stand-ins."""
-    args = list(launch.args)
-    extents = [_extent_bytes(a) for a in args if isinstance(a, torch.Tensor)]
-    stand_ins = [torch.zeros(1, dtype=a.dtype) if isinstance(a, torch.Tensor) else a for a in args]
+    # positional and keyword arguments by name, in the kernel's signature order (the order the interpreter
+    # converts tensors to pointers, so the order of the fake bases)
+    given = {**dict(zip(launch.kernel.arg_names, launch.args)),
+             **{k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}}
+    names = [n for n in launch.kernel.arg_names if n in given]
+    extents = [_extent_bytes(given[n]) for n in names if isinstance(given[n], torch.Tensor)]
+    stand_ins = {n: torch.zeros(1, dtype=given[n].dtype) if isinstance(given[n], torch.Tensor) else given[n] for n in names}
     pid = [g - 1 for g in grid] + [0] * (3 - len(grid))
-    kwargs = {k: v for k, v in launch.kwargs.items() if k not in ("num_warps", "num_stages")}
     with _probe(extents, pid) as (bad, accesses):
-        launch.kernel[(1, 1, 1)](*stand_ins, **kwargs)
+        launch.kernel[(1, 1, 1)](**stand_ins)
     assert accesses[0] > 0, "the probe saw no memory access"
     return bad
 
