@@ -394,11 +394,12 @@ SECTIONS = {"kda": bench_kda, "attnres": bench_attnres, "muonclip": bench_muoncl
 
 
 def main(argv=None, prog=None):
+    from runs import bounded
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("ops", nargs="+", choices=[*SECTIONS, "all"], metavar="OP",
                         help=f"{' | '.join(SECTIONS)} | all")
-    parser.add_argument("--threads", type=int, default=0, help="CPU threads for torch (0: torch's default)")
-    parser.add_argument("--peak_tflops", type=float, default=0.0,
+    parser.add_argument("--threads", type=bounded(int, 0, os.cpu_count()), default=0, help="CPU threads for torch (0: torch's default)")
+    parser.add_argument("--peak_tflops", type=bounded(float, 0), default=0.0,
                         help="the device's dense bf16 peak for the %% of peak columns; 0 = look the GPU up in "
                              "kernels.launch.PEAK_TFLOPS")
     args = parser.parse_args(argv)

@@ -9,7 +9,8 @@ located by path inside site-packages, never imported (their __init__ files pull 
     python data.py --data=my_text.txt   # or a .txt file / a folder of .txt files
 
 The first call writes `train.bin` / `val.bin` (uint16 token ids, the last 10% of each document is
-validation) under `data_cache/<name>/`; later calls reuse them.
+validation) under `data_cache/<name>/`; later calls reuse them. <name> changes with every file of a user
+corpus (path, size, mtime) and with TOKENIZE_VERSION, so an edited corpus is tokenised again.
 """
 import hashlib
 import os
@@ -17,6 +18,7 @@ import re
 import sqlite3
 import sys
 import sysconfig
+import threading
 
 import numpy as np
 import torch
@@ -24,6 +26,7 @@ import torch
 ROOT = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.environ.get("KIMI_DATA_CACHE", os.path.join(ROOT, "data_cache"))
 VAL_FRACTION = 0.1
+TOKENIZE_VERSION = 2   # in every cache key: bump when tokenisation changes (2: a leading BOM is dropped)
 
 
 def _site_file(relative: str) -> str:
@@ -94,18 +97,25 @@ def kjv_documents() -> list[str]:
     return ["\n".join(v) + "\n" for v in books.values()]
 
 
-def user_documents(path: str) -> list[str]:
-    """A .txt file, or every .txt file under a folder (sorted), one document each."""
+def text_files(path: str) -> list[str]:
+    """A .txt file, or every regular .txt file under a folder (sorted); anything else is one clear error."""
     if os.path.isfile(path):
-        files = [path]
-    elif os.path.isdir(path):
-        files = sorted(os.path.join(d, f) for d, _, fs in os.walk(path) for f in fs if f.endswith(".txt"))
+        return [path]
+    if os.path.isdir(path):
+        files = sorted(p for d, _, fs in os.walk(path) for f in fs
+                       if f.endswith(".txt") and os.path.isfile(p := os.path.join(d, f)))
         if not files:
             raise ValueError(f"--data={path}: folder holds no .txt files")
-    else:
-        raise ValueError(f"--data={path}: no such file or folder")
+        return files
+    if os.path.exists(path):   # reading a FIFO would block, a device never ends or holds no text
+        raise ValueError(f"--data={path}: not a regular file or folder (a device, FIFO or socket)")
+    raise ValueError(f"--data={path}: no such file or folder (or use shakespeare | kjv | all)")
+
+
+def user_documents(path: str) -> list[str]:
+    """A .txt file, or every .txt file under a folder (sorted), one document each."""
     docs = []
-    for f in files:
+    for f in text_files(path):
         try:
             with open(f, "rb") as fh:
                 raw = fh.read()
@@ -116,7 +126,7 @@ def user_documents(path: str) -> list[str]:
         if nul >= 0:
             raise ValueError(f"--data={path}: {f} is not text (a NUL byte at position {nul})")
         try:
-            docs.append(raw.decode("utf-8"))
+            docs.append(raw.decode("utf-8").removeprefix("\ufeff"))    # an editor's BOM is not text
         except UnicodeDecodeError as e:
             raise ValueError(f"--data={path}: {f} is not UTF-8 text (invalid byte at position {e.start})") from None
     if sum(len(d) for d in docs) < 100:
@@ -127,11 +137,26 @@ def user_documents(path: str) -> list[str]:
 # ----------------------------------------------------------------------------- prepare + load
 
 def _cache_name(source: str) -> str:
+    """The cache folder's name: it changes with the tokenisation and with any file of a user corpus."""
     if source in ("shakespeare", "kjv", "all"):
-        return source
-    st = os.stat(source)
-    key = f"{os.path.abspath(source)}:{st.st_size}:{st.st_mtime_ns}"
-    return "user-" + hashlib.sha1(key.encode()).hexdigest()[:12]
+        return f"{source}-t{TOKENIZE_VERSION}"
+    key = [f"t{TOKENIZE_VERSION}", os.path.abspath(source)]
+    for f in text_files(source):
+        st = os.stat(f)
+        key.append(f"{os.path.relpath(f, source)}:{st.st_size}:{st.st_mtime_ns}")
+    return "user-" + hashlib.sha1("\n".join(key).encode()).hexdigest()[:12]
+
+
+def write_split(folder: str, split: str, ids) -> None:
+    """{split}.bin via a temporary name of this process's own, renamed: a crash never leaves half a file,
+    and two jobs tokenising the same corpus at once never publish each other's half-written one."""
+    tmp = os.path.join(folder, f"{split}.bin.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        np.asarray(ids, dtype=np.uint16).tofile(tmp)
+        os.replace(tmp, os.path.join(folder, f"{split}.bin"))
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
 
 
 def prepare(source: str = "shakespeare", cache_dir: str | None = None) -> str:
@@ -140,8 +165,6 @@ def prepare(source: str = "shakespeare", cache_dir: str | None = None) -> str:
     source: "shakespeare", "kjv", "all" (both), or a path to a .txt file / folder.
     Each document is split 90/10 by tokens, so validation text comes from every document.
     """
-    if source not in ("shakespeare", "kjv", "all") and not os.path.exists(source):
-        raise ValueError(f"--data={source}: no such file or folder (or use shakespeare | kjv | all)")
     folder = os.path.join(cache_dir or CACHE_DIR, _cache_name(source))
     if os.path.exists(os.path.join(folder, "val.bin")):
         return folder
@@ -161,10 +184,8 @@ def prepare(source: str = "shakespeare", cache_dir: str | None = None) -> str:
         train_ids.extend(ids[:cut])
         val_ids.extend(ids[cut:])
     os.makedirs(folder, exist_ok=True)
-    for split, ids in (("train", train_ids), ("val", val_ids)):
-        tmp = os.path.join(folder, f"{split}.bin.tmp")
-        np.array(ids, dtype=np.uint16).tofile(tmp)
-        os.replace(tmp, os.path.join(folder, f"{split}.bin"))  # atomic: a crash never leaves half a file
+    for split, ids in (("train", train_ids), ("val", val_ids)):   # val last: its presence marks a whole cache
+        write_split(folder, split, ids)
     return folder
 
 

@@ -327,9 +327,11 @@ def main():
     import matplotlib
     parser = argparse.ArgumentParser(description="Draw samples of the procedural image-text tasks and print what "
                                                  "each image size costs in language-model tokens.")
-    parser.add_argument("--seed", type=int, default=0, help="task generator seed")
+    parser.add_argument("--seed", type=int, default=0, help="task generator seed (>= 0)")
     parser.add_argument("--out_dir", default="out/vision", help="where vision_samples.png goes")
     args = parser.parse_args()
+    if not 0 <= args.seed < 2**63:
+        parser.error(f"--seed={args.seed} must be in [0, 2^63)")   # argparse's usage line and exit code 2
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     os.makedirs(args.out_dir, exist_ok=True)

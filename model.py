@@ -73,6 +73,10 @@ class Config:
             (not self.n_kv_head or self.n_head % self.n_kv_head == 0,
              f"n_head={self.n_head} is not a multiple of n_kv_head={self.n_kv_head}"),
             (self.attnres_block_size >= 1, f"attnres_block_size={self.attnres_block_size} must be >= 1"),
+            (min(self.n_kv_head, self.mlp_hidden, self.kda_n_head, self.kda_head_dim, self.vision_n_layer) >= 0,
+             "n_kv_head, mlp_hidden, kda_n_head, kda_head_dim and vision_n_layer must be >= 0 (0 = the default)"),
+            (min(self.vision_patch_size, self.vision_channels, self.vision_n_embd, self.vision_n_head) >= 1,
+             "vision_patch_size, vision_channels, vision_n_embd and vision_n_head must be positive"),
         ):
             if not ok:
                 raise ValueError(message)
@@ -91,6 +95,22 @@ def config_from_dict(d: dict) -> Config:
     """Config from a (checkpoint) dict, ignoring keys this version does not know."""
     names = {f.name for f in fields(Config)}
     return Config(**{k: v for k, v in d.items() if k in names})
+
+
+def decode_cache_bytes(config: Config, tokens: int, batch: int = 1, dtype=torch.float32) -> tuple[int, int]:
+    """(KDA bytes, attention bytes) that decoding caches hold after `tokens` tokens, activations in dtype:
+      attention layer: 2 · B · Hkv · tokens · Dh · bytes(dtype)         (K and V: grows with the tokens)
+      KDA layer:       B · H · K · V · 4 + B · 3·H·K · (conv − 1) · bytes(dtype)   (float32 state + conv window)
+    The all-attention model of the same shape: decode_cache_bytes(replace(config, pattern="A"), ...).
+    Checked against the cache tensors by tests/test_long_context.py."""
+    size = torch.tensor([], dtype=dtype).element_size()
+    hkv, dh = config.n_kv_head or config.n_head, config.n_embd // config.n_head
+    H, K = config.kda_n_head or config.n_head, config.kda_head_dim or config.n_embd // config.n_head
+    conv = 4                                                      # KimiDeltaAttention's conv_size (Block's)
+    per_attention = 2 * batch * hkv * tokens * dh * size
+    per_kda = batch * H * K * K * 4 + batch * 3 * H * K * (conv - 1) * size
+    kinds = config.layer_kinds
+    return kinds.count("K") * per_kda, kinds.count("A") * per_attention
 
 
 class RMSNorm(nn.Module):
@@ -117,7 +137,9 @@ class CausalSelfAttention(nn.Module):
 
     The cache dict holds preallocated buffers "k", "v" [B, Hkv, capacity, Dh] and "len" (tokens held).
     Capacity is cache["max_len"] when the caller sets it before the first call, else block_size; a full
-    buffer doubles. So a decoded token writes only its own K and V instead of copying the whole cache."""
+    buffer doubles. So a decoded token writes only its own K and V instead of copying the whole cache.
+    cache["window"] (optional, set before the first call): hold at most that many keys, dropping the oldest
+    (sliding-window decoding past the context; RoPE positions keep counting, "dropped" says how many went)."""
 
     def __init__(self, config: Config):
         super().__init__()
@@ -139,12 +161,14 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self._qkv(x)
         past = cache.get("len", 0) if cache is not None else 0
         if self.use_rope:
-            pos = torch.arange(past, past + T, device=x.device)                          # [T]
+            start = past + (cache.get("dropped", 0) if cache is not None else 0)        # a window's dropped keys count
+            pos = torch.arange(start, start + T, device=x.device)                        # [T]
             q, k = apply_rope_at(q, pos, self.rope_theta), apply_rope_at(k, pos, self.rope_theta)
         if cache is None:  # a whole sequence (training): QK-Clip's max logit is recorded here
             y = softmax_attention(self, q, k, v, causal=True)                         # [B, H, T, Dh]
             return self.o_proj(y.transpose(1, 2).flatten(2))                          # [B, T, H*Dh]
         k, v = self._cache_append(cache, k, v)                                         # [B, Hkv, past+T, Dh]
+        past = k.shape[2] - T                                          # keys before this chunk still held (window)
         if past == 0 or T == 1:  # an empty cache, or a one-token step (a single query may see every cached key)
             return self._attend(q, k, v, is_causal=(past == 0 and T > 1))
         mask = torch.ones(T, k.shape[2], dtype=torch.bool, device=x.device).tril(diagonal=past)  # query t at past + t
@@ -201,6 +225,16 @@ class CausalSelfAttention(nn.Module):
         buf_k, buf_v = cache.get("k"), cache.get("v")
         if buf_k is not None and buf_k.shape[0] != B:
             raise ValueError(f"CausalSelfAttention: cache holds batch {buf_k.shape[0]}, x has batch {B}")
+        window = cache.get("window")
+        if window and need > window:      # sliding window: the oldest keys make room (copied down, so views stay)
+            if T > window:
+                raise ValueError(f"CausalSelfAttention: a chunk of {T} tokens is longer than the cache's "
+                                 f"window of {window}")
+            drop = need - window
+            buf_k[:, :, :past - drop] = buf_k[:, :, drop:past].clone()
+            buf_v[:, :, :past - drop] = buf_v[:, :, drop:past].clone()
+            cache["dropped"] = cache.get("dropped", 0) + drop
+            past, need = past - drop, window
         if buf_k is None or buf_k.shape[2] < need:
             cap = max(need, cache.get("max_len", self.block_size)) if buf_k is None else max(need, 2 * buf_k.shape[2])
             new_k, new_v = k.new_empty(B, Hkv, cap, Dh), v.new_empty(B, Hkv, cap, Dh)
@@ -332,15 +366,19 @@ class GPT(nn.Module):
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,
-                 images=None, generator: torch.Generator | None = None):
+                 images=None, generator: torch.Generator | None = None, caches: list | None = None,
+                 on_token=None):
         """Sample max_new_tokens after the prompt idx [B, T0] using per-layer caches.
 
         Attention layers keep a KV cache, KDA layers a constant-size recurrent state, so each new token
-        costs one forward step of length 1. temperature 0 means greedy.
+        costs one forward step of length 1. temperature 0 means greedy. caches: the per-layer dicts to
+        fill (default: fresh ones); pass them to preset an attention "max_len" or "window"
+        (CausalSelfAttention) or to read what they hold afterwards (decode_cache_bytes says how much).
+        on_token(nxt [B, 1]) sees each token as it is sampled (streaming); returning True stops there.
         """
         was_training = self.training
         self.eval()
-        caches = [dict() for _ in self.blocks]
+        caches = [dict() for _ in self.blocks] if caches is None else caches
         logits, _ = self(idx, images=images, caches=caches)               # prefill
         out = idx
         for _ in range(max_new_tokens):
@@ -354,6 +392,8 @@ class GPT(nn.Module):
                     logits = logits.masked_fill(logits < kth, float("-inf"))
                 nxt = torch.multinomial(F.softmax(logits, dim=-1), 1, generator=generator)
             out = torch.cat([out, nxt], dim=1)
+            if on_token is not None and on_token(nxt):
+                break
             logits, _ = self(nxt, caches=caches)
         self.train(was_training)
         return out

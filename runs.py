@@ -1,14 +1,17 @@
 """The plumbing that makes train.py trustworthy, kept out of the way of the loop.
 
     flags and checks      every TrainConfig / model.Config field is a --key=value flag; wrong keys, types
-                          and ranges stop with one line (parse_args, make_config, check_config)
-    run folders, resume   each run claims its own folder and never writes over another run's files;
-                          out/latest names the newest; --resume takes the whole configuration from the
-                          checkpoint and restores weights, optimizer, data order, RNGs and the log
-    checkpoints           written to a temporary file, fsynced, renamed: a crash leaves the old or the
-                          new one; loaded with weights_only=True and a format number
-    faults, Ctrl-C        KIMI_FAULT=<point>@<step> kills the process there (the reliability tests);
-                          Ctrl-C stops after the current step and writes its checkpoint
+                          and ranges stop with one line (parse_args, make_config, check_config), and so
+                          does a run too large for the memory (check_memory); bounded() does the same
+                          for the other scripts' argparse flags
+    run folders, resume   each run claims (flocks) its own folder once every check has passed, and never
+                          writes over another run's files; out/latest names the newest; --resume takes
+                          the whole configuration from the checkpoint and restores weights, optimizer,
+                          data order, RNGs and the log
+    checkpoints           written to a fresh temporary file, fsynced, renamed: a crash leaves the old or
+                          the new one, a full disk one line; loaded with weights_only=True and a format number
+    faults, signals       KIMI_FAULT=<point>@<step> kills the process there (the reliability tests);
+                          Ctrl-C, SIGTERM and SIGHUP stop after the current step and write its checkpoint
     progress, plots       the throughput window (without eval and checkpoint time), MFU, ETA, the
                           QK-Clip peaks between lines, the JSONL log, the run's header and its plots
 
@@ -17,8 +20,11 @@ needs it, so this file imports nothing of train.py.
 """
 import argparse
 import contextlib
+import fcntl
+import glob
 import inspect
 import io
+import itertools
 import json
 import math
 import os
@@ -41,7 +47,9 @@ CHECKPOINT_FORMAT = 2             # bump when the checkpoint's layout changes; o
 SAFE_ON_RESUME = ("resume", "out_dir", "stop_iter", "log_interval", "eval_interval", "eval_iters", "ckpt_interval",
                   "sample_tokens", "device", "threads", "compile", "peak_tflops", "vision_eval_n")
 ALIASES = {"steps": "max_iters"}  # the step count has one name across the project's scripts: --steps
-RUN_FILES = ("ckpt.pt", "ckpt.pt.tmp", "log.jsonl", "loss.png", "max_logit.png", "sample.txt")
+DIVERGED = "diverged.txt"         # written by a run that stopped on a non-finite loss
+RUN_FILES = ("ckpt.pt", "log.jsonl", "loss.png", "max_logit.png", "sample.txt", DIVERGED)
+LOCK_FILE = ".lock"               # flocked by the process that writes the run (lock_run_dir)
 
 
 class TrainingDiverged(RuntimeError):
@@ -75,8 +83,9 @@ def add_flags(parser: argparse.ArgumentParser, train_cls, **defaults):
     """Add train.py's flags (TrainConfig and model.Config fields) to an experiment's parser with the
     experiment's own defaults and train.py's help text: one name and one meaning per knob across scripts."""
     helps = {**_field_help(train_cls), **_field_help(Config)}
-    for key, default in defaults.items():
-        parser.add_argument(f"--{key}", type=type(default), default=default, help=helps[key].replace("%", "%%"))
+    for key, default in defaults.items():   # every int field is >= 0; floats finite (the config checks the rest)
+        kind = {int: bounded(int, 0, 2**63 - 1), float: bounded(float, -1e30, 1e30)}.get(type(default), type(default))
+        parser.add_argument(f"--{key}", type=kind, default=default, help=helps[key].replace("%", "%%"))
 
 
 def _parse_value(name: str, kind, value):
@@ -98,6 +107,8 @@ def _parse_value(name: str, kind, value):
         raise SystemExit(f"error: --{name}={value!r} is not a valid {kind.__name__}")
     if kind is float and not math.isfinite(value):
         raise SystemExit(f"error: --{name}={value}: must be a finite number")
+    if kind in (int, float) and abs(value) > (2**63 - 1 if kind is int else 1e30):   # C longs, float32 math
+        raise SystemExit(f"error: --{name}={value!r}: too large (at most {'2**63 - 1' if kind is int else '1e30'})")
     return value
 
 
@@ -134,6 +145,33 @@ def need(ok: bool, message: str):
         raise SystemExit(f"error: {message}")
 
 
+def bounded(kind=int, low=None, high=None):
+    """An argparse type= for the scripts' own flags: a finite `kind` in [low, high], else argparse's one
+    error line (never a traceback later)."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a valid {kind.__name__}") from None
+        if not math.isfinite(value) or (low is not None and value < low) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{text} is outside [{'-inf' if low is None else low}, "
+                                             f"{'inf' if high is None else high}]")
+        return value
+    return parse
+
+
+def int_list(low: int = 1):
+    """An argparse type= for a comma-separated list of ints, each >= low (e.g. --contexts=1024,4096)."""
+    one = bounded(int, low)
+
+    def parse(text: str) -> list[int]:
+        values = [one(t.strip()) for t in text.split(",") if t.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"{text!r}: give one or more comma-separated integers")
+        return values
+    return parse
+
+
 def check_config(cfg):
     """Values of the right type but out of range stop here, with the flag's name, before any work."""
     need(cfg.optimizer in ("adamw", "muon", "muonclip"), f"--optimizer={cfg.optimizer}: use adamw | muon | muonclip")
@@ -153,7 +191,12 @@ def check_config(cfg):
     need(0 <= cfg.beta1 < 1 and 0 <= cfg.beta2 < 1, "--beta1 and --beta2 must be in [0, 1)")
     need(0 <= cfg.vision_ratio <= 1 and 0 <= cfg.vision_start <= 1, "--vision_ratio and --vision_start are fractions in [0, 1]")
     need(cfg.model.rope_theta > 0 and cfg.model.norm_eps > 0, "--rope_theta and --norm_eps must be positive")
+    need(cfg.threads <= (os.cpu_count() or 1), f"--threads={cfg.threads}: this machine has {os.cpu_count()} CPUs")
+    need(cfg.model.backend != "triton" or cuda_for(cfg.device) or os.environ.get("TRITON_INTERPRET") == "1",
+         "--backend=triton needs a CUDA device (or TRITON_INTERPRET=1, the interpreter); use --backend=auto")
     if cfg.vision_ratio > 0:
+        need(cfg.model.vision_channels == 3, f"--vision_channels={cfg.model.vision_channels}: the image tasks draw "
+             "RGB images; use 3")
         import image_tasks
         import vision
         need(cfg.model.vocab_size > vision.IMAGE_PAD, f"--vocab_size={cfg.model.vocab_size}: image rows use token ids "
@@ -238,33 +281,74 @@ def cuda_for(device: str) -> bool:
 
 # ----------------------------------------------------------------------------- run folders, resume, checkpoints
 
-def claim_run_dir(cfg) -> str:
-    """The folder this new run writes: --out_dir, or a fresh out/run-<date>-<time>. A folder holding
-    another run's files is never written over unless --overwrite says so (then those files go)."""
-    if not cfg.out_dir:
-        stamp = time.strftime("run-%Y%m%d-%H%M%S")
-        name, n = stamp, 1
-        while os.path.exists(os.path.join(RUNS_DIR, name)):
-            n += 1
-            name = f"{stamp}-{n}"
-        run_dir = os.path.join(RUNS_DIR, name)
-    else:
-        run_dir = cfg.out_dir
-    if os.path.exists(run_dir) and not os.path.isdir(run_dir):
-        raise SystemExit(f"error: --out_dir={run_dir} is a file, not a folder")
-    taken = [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
-    if taken and not cfg.overwrite:
-        raise SystemExit(f"error: {run_dir} holds another run ({', '.join(taken)}); continue it with --resume "
-                         f"--out_dir={run_dir}, pick a new --out_dir, or pass --overwrite to replace it")
+def resolve_dir(path: str) -> str:
+    """A folder with its symlinks resolved, so --out_dir=out/latest names the newest run itself; relative
+    when inside the working directory."""
+    real = os.path.realpath(path)
+    rel = os.path.relpath(real)
+    return real if rel.startswith(os.pardir) else rel
+
+
+_locks = {}   # run folder -> the open lock file of this process's claim on it
+
+
+def lock_run_dir(run_dir: str):
+    """This process's exclusive claim on run_dir: an flock on run_dir/.lock, which the kernel drops when the
+    process ends, however it ends (a PID file breaks under PID reuse and on shared filesystems). Readers
+    (sample.py, summarize_run) take none."""
+    fd = os.open(os.path.join(run_dir, LOCK_FILE), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
     try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"error: {run_dir} is in use by another train.py that is still running (it holds "
+                         f"{os.path.join(run_dir, LOCK_FILE)}); wait for it to end, or pick another --out_dir") from None
+    except OSError as e:     # a filesystem without locks: run unguarded rather than not at all
+        print(f"note: cannot lock {run_dir} ({e.strerror}); nothing stops a second run from writing there")
+    _locks[run_dir] = fd
+
+
+def release_run_dirs():
+    """End this process's claims (train() does when it returns or fails; the kernel would at exit)."""
+    while _locks:
+        os.close(_locks.popitem()[1])
+
+
+def _new_run_dir() -> str:
+    """A fresh out/run-<date>-<time>[-n]; mkdir fails on a name that exists, so two runs started in the
+    same second get two folders."""
+    os.makedirs(RUNS_DIR, exist_ok=True)
+    stamp = time.strftime("run-%Y%m%d-%H%M%S")
+    for n in itertools.count(1):
+        run_dir = os.path.join(RUNS_DIR, stamp if n == 1 else f"{stamp}-{n}")
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(run_dir)
+            return run_dir
+
+
+def claim_run_dir(cfg) -> str:
+    """The folder this run writes, claimed (lock_run_dir) before anything is written to it: the resumed
+    run's own, --out_dir, or a fresh out/run-<date>-<time>. A folder holding another run's files is never
+    written over unless --overwrite says so (then those files go); stale temporaries of a killed run go."""
+    run_dir = cfg.out_dir
+    try:
+        if not run_dir:
+            run_dir = _new_run_dir()
+        elif os.path.exists(run_dir) and not os.path.isdir(run_dir):
+            raise SystemExit(f"error: --out_dir={run_dir} is a file, not a folder")
         os.makedirs(run_dir, exist_ok=True)
-        for f in taken:
+        lock_run_dir(run_dir)
+        taken = [] if cfg.resume else [f for f in RUN_FILES if os.path.exists(os.path.join(run_dir, f))]
+        if taken and not cfg.overwrite:
+            release_run_dirs()
+            raise SystemExit(f"error: {run_dir} holds another run ({', '.join(taken)}); continue it with --resume "
+                             f"--out_dir={run_dir}, pick a new --out_dir, or pass --overwrite to replace it")
+        stale = [f for f in os.listdir(run_dir) if f.endswith(".tmp") or (cfg.resume and f == DIVERGED)]
+        for f in taken + stale:
             os.remove(os.path.join(run_dir, f))
-        probe = os.path.join(run_dir, ".write_test")
-        open(probe, "w").close()
-        os.remove(probe)
     except OSError as e:
-        raise SystemExit(f"error: cannot write to {run_dir}: {e.strerror}") from None
+        release_run_dirs()
+        raise SystemExit(f"error: cannot write to {run_dir or RUNS_DIR}: {e.strerror}") from None
     return run_dir
 
 
@@ -284,22 +368,66 @@ def claim_run_dir_everywhere(cfg, rank: int, ddp: bool) -> str:
 
 
 def mark_latest(run_dir: str):
-    """out/latest -> this run's folder (a symlink replaced atomically), so a bare --resume finds it."""
-    if os.path.dirname(os.path.abspath(run_dir)) != os.path.abspath(RUNS_DIR):
-        return                                  # only runs inside out/ compete for "latest"
-    link = os.path.join(RUNS_DIR, "latest")
-    tmp = link + f".tmp{os.getpid()}"
-    os.symlink(os.path.basename(run_dir), tmp)
-    os.replace(tmp, link)
+    """out/latest -> this run's folder, a symlink replaced atomically, so a bare --resume finds it. Only runs
+    inside out/ compete for it; a real file or folder named out/latest is left alone."""
+    if os.path.dirname(os.path.realpath(run_dir)) != os.path.realpath(RUNS_DIR):
+        return
+    link, tmp = os.path.join(RUNS_DIR, "latest"), os.path.join(RUNS_DIR, f"latest.{os.getpid()}.tmp")
+    if os.path.lexists(link) and not os.path.islink(link):
+        print(f"note: {link} is not a symlink, so it is left as it is and does not name this run")
+        return
+    try:
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(tmp)
+        os.symlink(os.path.basename(os.path.realpath(run_dir)), tmp)
+        os.replace(tmp, link)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        print(f"note: cannot point {link} at {run_dir} ({e.strerror})")
 
 
 def find_run_to_resume(out_dir: str) -> tuple[str, dict]:
-    """(run folder, checkpoint) for --resume: --out_dir, else out/latest."""
-    run_dir = out_dir or os.path.join(RUNS_DIR, "latest")
-    if not out_dir and not os.path.exists(run_dir):
-        raise SystemExit(f"error: --resume: no run to continue ({run_dir} does not exist); train without --resume first")
-    run_dir = os.path.relpath(os.path.realpath(run_dir)) if not out_dir else run_dir
+    """(run folder, checkpoint) for --resume: --out_dir, else out/latest's run if it can continue (if not,
+    the error names the newest run that can)."""
+    if out_dir:
+        return out_dir, load_checkpoint(os.path.join(out_dir, "ckpt.pt"))
+    link = os.path.join(RUNS_DIR, "latest")
+    if not os.path.exists(link):
+        raise SystemExit(f"error: --resume: no run to continue ({link} does not exist); train without --resume first")
+    run_dir = resolve_dir(link)
+    why = _cannot_continue(run_dir)
+    if why:
+        other = next((d for d in _runs_newest_first() if d != run_dir and not _cannot_continue(d)), None)
+        hint = (f"the newest run that can continue is {other}: python train.py --resume --out_dir={other}" if other
+                else f"no run under {RUNS_DIR}/ can continue; train without --resume")
+        raise SystemExit(f"error: --resume: {link} ({run_dir}) {why}; {hint}")
     return run_dir, load_checkpoint(os.path.join(run_dir, "ckpt.pt"))
+
+
+def _cannot_continue(run_dir: str) -> str:
+    """Why a bare --resume must not pick run_dir, or '' if it may."""
+    if os.path.exists(os.path.join(run_dir, DIVERGED)):
+        return "diverged (resuming would repeat it exactly: same data, same seeds)"
+    return "" if os.path.exists(os.path.join(run_dir, "ckpt.pt")) else "wrote no checkpoint"
+
+
+def _runs_newest_first() -> list[str]:
+    found = glob.glob(os.path.join(glob.escape(RUNS_DIR), "*", "ckpt.pt"))
+    return [os.path.dirname(p) for p in sorted(found, key=os.path.getmtime, reverse=True)
+            if not os.path.islink(os.path.dirname(p))]
+
+
+def stop_diverged(cfg, step: int, loss: float, last_ckpt: int | None, master: bool):
+    """A non-finite loss: note it in the run's folder (a bare --resume then names a run that can continue
+    instead) and stop."""
+    kept = (f"this run's last good checkpoint (step {last_ckpt}) is kept in {os.path.join(cfg.out_dir, 'ckpt.pt')}"
+            if last_ckpt is not None else "this run wrote no checkpoint yet")
+    message = f"loss is {loss} at step {step}; stopping ({kept})"
+    if master:
+        with contextlib.suppress(OSError), open(os.path.join(cfg.out_dir, DIVERGED), "w") as f:
+            f.write(message + "\n")
+    raise TrainingDiverged(message)
 
 
 def _fault(point: str, step: int):
@@ -308,42 +436,71 @@ def _fault(point: str, step: int):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def write_atomically(path: str, write):
+    """write(file) into a fresh temporary file beside path, fsync, rename over path: a crash at any moment
+    leaves the old file or the new one. The temporary is created exclusively (O_EXCL: never through a
+    symlink planted at its name); those of a killed process go first (the run's lock says no one else
+    writes here). An OSError (a full disk, a file-size limit) is one line, the old file intact."""
+    folder, name = os.path.split(path)
+    for f in os.listdir(folder or "."):
+        if f.startswith(name + ".") and f.endswith(".tmp"):
+            os.remove(os.path.join(folder, f))
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644), "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise SystemExit(f"error: cannot write {path}: {e.strerror or e} (a full disk or a file-size limit?); "
+                         f"the previous {name}, if any, is unchanged") from None
+
+
 def save_checkpoint(path: str, state: dict):
-    """Write to a temporary file, flush it to disk, then rename: a crash at any moment leaves either the
-    previous checkpoint or the new one, never a torn file."""
+    """The checkpoint, written atomically (write_atomically): a crash leaves the previous one or this one."""
     step = state["step"]
     _fault("before_checkpoint", step)
     buffer = io.BytesIO()
     torch.save(state, buffer)
     payload = buffer.getbuffer()
-    tmp = path + ".tmp"
-    with open(tmp, "wb") as f:
+
+    def write(f):
         if os.environ.get("KIMI_FAULT") == f"during_checkpoint@{step}":
             f.write(payload[: len(payload) // 2])   # half a file on disk, then the process dies
             f.flush()
             _fault("during_checkpoint", step)
         f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+    write_atomically(path, write)
     _fault("after_checkpoint", step)
 
 
-def load_checkpoint(path: str) -> dict:
+# what each caller of load_checkpoint tells the user: (where there is no checkpoint, where it is unusable)
+CHECKPOINT_FIXES = {"--resume": ("train without --resume first", "start a new run"),
+                    "sample.py": ("train a run first (python train.py) or give --out_dir=<a run's folder>",
+                                  "train a new run to sample from")}
+
+
+def load_checkpoint(path: str, caller: str = "--resume") -> dict:
+    """The checkpoint at path, checked (format, keys); caller (a key of CHECKPOINT_FIXES) words the errors."""
+    missing_fix, unusable_fix = CHECKPOINT_FIXES[caller]
     if not os.path.exists(path):
-        raise SystemExit(f"error: --resume: no checkpoint at {path}; train without --resume first")
+        raise SystemExit(f"error: {caller}: no checkpoint at {path}; {missing_fix}")
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # torn file, not a checkpoint, or unsafe pickle content
         raise SystemExit(f"error: checkpoint {path} is corrupt or not a checkpoint ({type(e).__name__}: "
-                         f"{(str(e).splitlines() or [''])[0][:200]})") from None
+                         f"{(str(e).splitlines() or [''])[0][:200]}); {unusable_fix}") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         found = ckpt.get("format", "none") if isinstance(ckpt, dict) else "none"
         raise SystemExit(f"error: checkpoint {path} was written by another version of train.py (format {found}, this "
-                         f"version reads {CHECKPOINT_FORMAT}); start a new run")
+                         f"version reads {CHECKPOINT_FORMAT}); {unusable_fix}")
     missing = {"model", "optimizer", "step", "run_config", "data_rng", "cpu_rng"} - set(ckpt)
     if missing:
-        raise SystemExit(f"error: checkpoint {path} is missing {', '.join(sorted(missing))}")
+        raise SystemExit(f"error: checkpoint {path} is missing {', '.join(sorted(missing))}; {unusable_fix}")
     return ckpt
 
 
@@ -353,6 +510,54 @@ def checkpoint_state(cfg, model, optimizer, step: int, data_gen: torch.Generator
     if torch.cuda.is_available() and next(model.parameters()).is_cuda:
         state["cuda_rng"] = torch.cuda.get_rng_state()
     return state
+
+
+def memory_estimate(cfg, cuda: bool) -> int:
+    """A conservative bound (bytes) on one process's peak memory: the interpreter and torch, the weights
+    with their gradients and optimizer state (4 copies), and a step's activations per token: the logits
+    three times (logits, log-softmax, gradient), each layer's tensors, one attention layer's T x T scores.
+    1.1-1.4x the measured peak of the CPU default and of variants (README, Reliability)."""
+    m = cfg.model
+    B, T, V, D, L = cfg.batch_size, m.block_size, m.vocab_size, m.n_embd, m.n_layer
+    hidden = m.mlp_hidden or 64 * math.ceil(8 * D / 3 / 64)                   # model.py's SwiGLU width
+    wide = max(D, hidden, (m.kda_n_head or m.n_head) * (m.kda_head_dim or D // m.n_head))
+    params = V * D * (1 if m.tie_embeddings else 2) + L * 12 * D * wide
+    if cfg.vision_ratio > 0:
+        E = m.vision_n_embd
+        params += m.vision_n_layer * 12 * E * E + (m.vision_channels * m.vision_patch_size ** 2 + D) * 4 * E
+    # SDPA keeps no T x T scores for backward; QK-Clip's max-logit pass builds one layer's at a time
+    per_token = 3 * V + L * 48 * wide + (3 * m.n_head * T if "A" in m.layer_kinds else 0)
+    base, act_bytes = (2**30, 2) if cuda else (500 * 2**20, 4)            # CUDA: bf16 activations, its workspaces
+    return base + 16 * params + act_bytes * B * T * per_token
+
+
+def available_memory(device: str) -> tuple[int, str]:
+    """(bytes free for this process, where): the GPU's free memory, or RAM: MemAvailable (Linux; counts the
+    reclaimable cache), else the free pages, capped by a cgroup (container) limit."""
+    if device.startswith("cuda"):
+        return torch.cuda.mem_get_info(device)[0], device
+    try:
+        with open("/proc/meminfo") as f:
+            free = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        with open("/sys/fs/cgroup/memory.max") as f, open("/sys/fs/cgroup/memory.current") as g:
+            limit = f.read().strip()
+            if limit != "max":
+                free = min(free, int(limit) - int(g.read()))
+    except (OSError, ValueError):
+        pass
+    return free, "this machine"
+
+
+def check_memory(cfg, device: str, processes: int):
+    """Refuse, before allocating anything, a run that cannot fit: processes share the machine's RAM on CPU."""
+    needed = memory_estimate(cfg, device.startswith("cuda")) * (1 if device.startswith("cuda") else processes)
+    free, where = available_memory(device)
+    need(needed <= free, f"this run needs about {needed / 2**30:.1f} GiB (batch_size {cfg.batch_size} x block_size "
+         f"{cfg.model.block_size}) but {where} has {free / 2**30:.1f} GiB free; lower --batch_size (raise "
+         "--grad_accum to keep the tokens per step) or --block_size")
 
 
 def load_text(cfg, rank: int, ddp: bool) -> tuple:
@@ -390,44 +595,84 @@ def restore(run, ckpt: dict):
     torch.set_rng_state(ckpt["cpu_rng"])
     if run.device.startswith("cuda") and "cuda_rng" in ckpt:
         torch.cuda.set_rng_state(ckpt["cuda_rng"])
-    run.history = _log_until(os.path.join(run.cfg.out_dir, "log.jsonl"), run.start_step, run.rank == 0)
+    run.history = _log_until(os.path.join(run.cfg.out_dir, "log.jsonl"), run.start_step, run.master)
 
 
-def _log_until(log_path: str, step: int, rewrite: bool) -> list[dict]:
-    """The log lines up to `step` (a resumed run continues from its checkpoint, not from its last line)."""
+def _log_until(log_path: str, step: int, say: bool) -> list[dict]:
+    """The log's records up to `step` (a resumed run continues from its checkpoint, not from its last line).
+    A torn line (a crash or a full disk mid-write) is dropped, and said; Progress rewrites the log."""
     if not os.path.exists(log_path):
         return []
-    with open(log_path) as f:
-        history = [h for h in (json.loads(line) for line in f if line.strip()) if h["step"] <= step]
-    if rewrite:
-        tmp = log_path + ".tmp"
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(h) + "\n" for h in history)
-        os.replace(tmp, log_path)
-    return history
+    history, torn = [], 0
+    with open(log_path, errors="replace") as f:
+        for line in f:
+            try:
+                h = json.loads(line)
+            except ValueError:
+                h = None
+            if isinstance(h, dict) and isinstance(h.get("step"), int):
+                history.append(h)
+            elif line.strip():
+                torn += 1
+    if torn and say:
+        print(f"note: dropped {torn} torn line(s) of {log_path} (a crash or a full disk mid-write)")
+    return [h for h in history if h["step"] <= step]
 
 
-class StopOnCtrlC:
-    """Ctrl-C asks the loop to stop after the current step (which then writes its checkpoint); a second
-    Ctrl-C stops at once. Only the main thread can own a signal handler; elsewhere this does nothing."""
+class Interrupted(KeyboardInterrupt):
+    """Stop at once: a second signal, or one outside the loop. `kept` says what the run keeps."""
+
+    def __init__(self, signum: int, kept: str):
+        super().__init__(signal.Signals(signum).name)
+        self.signum, self.kept = signum, kept
+
+
+class StopOnSignal:
+    """Ctrl-C (SIGINT), preemption (SIGTERM: Slurm, docker stop, timeout) and a closed terminal (SIGHUP)
+    ask the loop to stop after the current step, which then writes its checkpoint; a second signal, or one
+    outside the loop (tokenising, the final plots), stops at once (Interrupted). SIGXFSZ is ignored, so a
+    file-size limit fails the write (OSError, one line) instead of killing the process. Only the main
+    thread can own signal handlers; elsewhere this does nothing."""
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
     def __init__(self):
-        self.requested = False
+        self.signum, self.in_loop, self.run_dir, self.ckpt_step = None, False, None, None
+
+    @property
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def kept(self) -> str:
+        if self.ckpt_step is not None:
+            return (f"its checkpoint (step {self.ckpt_step}) is kept; continue with python train.py --resume "
+                    f"--out_dir={self.run_dir}")
+        return f"it wrote no checkpoint ({self.run_dir} holds its log)" if self.run_dir else "nothing was written"
+
+    @contextlib.contextmanager
+    def loop(self):
+        """Inside, a first signal only asks the loop to stop after its step."""
+        self.in_loop = True
+        try:
+            yield
+        finally:
+            self.in_loop = False
 
     def __enter__(self):
         self.active = threading.current_thread() is threading.main_thread()
         if self.active:
-            self.previous = signal.signal(signal.SIGINT, self._handle)
+            self.previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+            self.previous[signal.SIGXFSZ] = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         return self
 
     def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
+        first, self.signum = self.signum is None, self.signum or signum
+        if not (first and self.in_loop):
+            raise Interrupted(signum, self.kept())
 
     def __exit__(self, *exc):
         if self.active:
-            signal.signal(signal.SIGINT, self.previous)
+            for s, handler in self.previous.items():
+                signal.signal(s, handler)
 
 
 # ----------------------------------------------------------------------------- progress lines, the header, plots
@@ -441,7 +686,9 @@ class Progress:
         self.run, self.stop, self.tokens_per_step, self.peak, self.t_start = run, stop, tokens_per_step, peak, t_start
         self.t_loop, self.train_time = time.time(), 0.0
         self.logit_peak = self.clipped = self.stats = None
-        self.log_file = open(os.path.join(run.cfg.out_dir, "log.jsonl"), "a")
+        log_path = os.path.join(run.cfg.out_dir, "log.jsonl")   # a resumed run's: up to its checkpoint
+        write_atomically(log_path, lambda f: f.writelines((json.dumps(h) + "\n").encode() for h in run.history))
+        self.log_file = open(log_path, "a")
         self.new_window()
 
     def new_window(self):
@@ -481,8 +728,12 @@ class Progress:
 
     def write(self, rec: dict):
         self.run.history.append(rec)
-        self.log_file.write(json.dumps(rec) + "\n")
-        self.log_file.flush()
+        try:
+            self.log_file.write(json.dumps(rec) + "\n")
+            self.log_file.flush()
+        except OSError as e:
+            raise SystemExit(f"error: cannot write {self.log_file.name}: {e.strerror} (a full disk or a file-size "
+                             "limit?); its checkpoint, if any, is unchanged") from None
 
     def close(self) -> float:
         """Close the log; return the training seconds of all the logged windows."""

@@ -362,7 +362,11 @@ def demo(path: str) -> dict:
     if not os.path.exists(path):
         raise SystemExit(f"no trained orchestrator at {path}: train one first (python swarm.py, same --seed)")
     model = GPT(orchestrator_config())
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    try:   # an empty, torn or foreign file is one line (weights_only: a pickle's payload never runs)
+        model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    except Exception as e:
+        raise SystemExit(f"error: {path} is not a trained orchestrator ({type(e).__name__}: "
+                         f"{(str(e).splitlines() or [''])[0][:160]}); train one again (python swarm.py, same --seed)") from None
     task = make_task(random.Random(3), "lookup", 20)
     print(f"loaded {path}\ntask: {task['question'][:110]}...\n")
     ep = rollout(model, [task], greedy=True, executor="thread", step_delay=0.002)[0]

@@ -12,15 +12,17 @@ out/run-<date>-<time>/ (or --out_dir), and out/latest points at the newest: ckpt
 loss.png, max_logit.png, sample.txt. No run touches another run's folder: an --out_dir that holds a
 run stops with a one-line error unless --resume (continue it) or --overwrite (replace it) is given.
 --resume takes the whole configuration from the checkpoint; only the flags in runs.SAFE_ON_RESUME may
-change with it. Ctrl-C stops at the end of the current step and writes its checkpoint.
+change with it. A second train.py writing the same folder at once is refused (an flock). Ctrl-C, SIGTERM
+(preemption) and SIGHUP stop at the end of the current step and write its checkpoint.
 
 This file is the configuration and the loop. The plumbing that makes runs trustworthy (flags and their
-checks, run folders and resume rules, atomic checkpoints, fault injection, Ctrl-C, progress lines,
+checks, run folders and resume rules, atomic checkpoints, fault injection, signals, progress lines,
 plots) is in runs.py.
 """
 import contextlib
 import math
 import os
+import signal
 import sys
 import time
 from dataclasses import dataclass, field, replace
@@ -31,6 +33,7 @@ import torch.distributed as dist
 
 import data
 import runs
+import sample
 from kernels.launch import peak_flops
 from model import GPT, Config
 from runs import TrainingDiverged
@@ -183,10 +186,14 @@ def train(**overrides) -> dict:
     """Run training with overrides of TrainConfig / model.Config fields (values or command-line text);
     return a summary dict. Under torchrun (RANK set) it runs one DDP process."""
     typed = runs.typed_overrides(TrainConfig, overrides)
+    if typed.get("out_dir"):  # resolved: --out_dir=out/latest names the newest run itself
+        typed["out_dir"] = runs.resolve_dir(typed["out_dir"])
     ckpt = None
     if typed.get("resume"):   # the whole configuration comes from the checkpoint (runs.SAFE_ON_RESUME may change)
         run_dir, ckpt = runs.find_run_to_resume(typed.get("out_dir", ""))
         cfg = runs.config_for_resume(TrainConfig, ckpt["run_config"], typed, run_dir)
+        if ckpt["step"] >= cfg.max_iters:   # nothing left to train: said, not redone (a requeued job exits 0)
+            return {"out_dir": run_dir, "steps": ckpt["step"], "finished_before": True, "interrupted": False}
     else:
         cfg = make_config(typed, cuda=runs.cuda_for(typed.get("device", "auto")))
     want_cuda = runs.cuda_for(cfg.device)
@@ -204,13 +211,15 @@ def train(**overrides) -> dict:
         if not want_cuda:  # small models: a few threads per process do the work, more only add overhead
             per_process = max(1, (os.cpu_count() or 1) // int(os.environ.get("LOCAL_WORLD_SIZE", world)))
             torch.set_num_threads(cfg.threads or min(4, per_process))
-        if not cfg.resume:   # a folder of its own, never another run's
-            cfg = replace(cfg, out_dir=runs.claim_run_dir_everywhere(cfg, rank, ddp))
-        result = run_training(cfg, ckpt, device, rank, world, ddp)
+        runs.check_memory(cfg, device, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+        with runs.StopOnSignal() as signals:   # SIGINT, SIGTERM, SIGHUP: stop after the step, with a checkpoint
+            result = run_training(cfg, ckpt, device, rank, world, ddp, signals)
+        result["signal"] = signals.signum
         if ddp:
             dist.barrier()   # tear down together: a gloo group whose peer already left can abort the process
         return result
     finally:
+        runs.release_run_dirs()
         if ddp:
             dist.destroy_process_group()
 
@@ -274,10 +283,11 @@ def setup_run(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world
         import image_tasks
         run.vision_tasks = image_tasks.VisionTasks(seed=cfg.seed, encoding=data.get_tokenizer(),
                                               patch=cfg.model.vision_patch_size, tasks=runs.vision_task_names(cfg))
-        try:  # fail at the boundary, not at the first vision step
-            run.vision_tasks.batch("train", 1, T, 0)
-        except ValueError as e:
-            raise SystemExit(f"error: --vision_ratio needs a longer --block_size: {e}") from None
+        # fail at the boundary, not at a later step: the longest of many examples must fit in a row
+        longest = max(len(run.vision_tasks.tokens(run.vision_tasks.example("train", i))[0]) for i in range(300))
+        if longest > T + 1:
+            raise SystemExit(f"error: --vision_ratio needs a longer --block_size: block_size={T} is too small for a "
+                             f"{longest}-token example")
         if rank == 0:  # what an image-blind model scores: each task's most common training answer
             run.blind = run.vision_tasks.majority_baseline("val", cfg.vision_eval_n)
     return run
@@ -309,10 +319,13 @@ def train_step(run: Run, step: int) -> tuple[torch.Tensor, int]:
     return loss_sum, flops
 
 
-def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world: int, ddp: bool) -> dict:
+def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, world: int, ddp: bool,
+                 signals: runs.StopOnSignal) -> dict:
     # ---- setup: data, model, optimizer, image tasks (restored from ckpt when resuming), the header
     t_start = time.time()
     run = setup_run(cfg, ckpt, device, rank, world, ddp)
+    # every check passed: only now is the run's folder claimed (locked) and written
+    cfg = run.cfg = replace(cfg, out_dir=runs.claim_run_dir_everywhere(cfg, rank, ddp))
     stop, ckpt_path = cfg.stop_iter or cfg.max_iters, os.path.join(cfg.out_dir, "ckpt.pt")
     tokens_per_step = cfg.batch_size * cfg.model.block_size * cfg.grad_accum
     peak, peak_note = peak_flops(device, cfg.peak_tflops)
@@ -324,23 +337,22 @@ def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, wo
               + (f" (resumed at step {run.start_step})" if cfg.resume else ""), flush=True)
         progress = runs.Progress(run, stop, tokens_per_step, peak, t_start)
     step, last_eval, last_ckpt, interrupted = run.start_step, {}, run.start_step if cfg.resume else None, False
+    signals.run_dir, signals.ckpt_step = cfg.out_dir, last_ckpt
     run.model.train()
-    with runs.StopOnCtrlC() as ctrl_c:
+    with signals.loop():
         while step < stop and not interrupted:
             # ---- one optimizer step: the scheduled lr, grad_accum micro-batches, the mean loss over processes
             lr = lr_at(step, cfg)
             for group in run.optimizer.param_groups:
                 group["lr"] = lr
             loss_sum, step_flops = train_step(run, step)
-            flag = torch.stack([loss_sum, torch.tensor(float(ctrl_c.requested), device=device)])
+            flag = torch.stack([loss_sum, torch.tensor(float(signals.requested), device=device)])
             if ddp:
                 dist.all_reduce(flag)              # the mean loss, and whether any process was interrupted
                 flag[0] /= world
             batch_loss, interrupted = flag[0].item(), flag[1].item() > 0
             if not math.isfinite(batch_loss):
-                kept = (f"this run's last good checkpoint (step {last_ckpt}) is kept in {ckpt_path}" if last_ckpt is not None
-                        else "this run wrote no checkpoint yet")
-                raise TrainingDiverged(f"loss is {batch_loss} at step {step}; stopping ({kept})")
+                runs.stop_diverged(cfg, step, batch_loss, last_ckpt, run.master)   # raises TrainingDiverged
             if cfg.grad_clip > 0:
                 torch.nn.utils.clip_grad_norm_(run.raw_model.parameters(), cfg.grad_clip)
             run.optimizer.step()                   # MuonClip: Muon/AdamW updates, then QK-Clip
@@ -359,11 +371,13 @@ def run_training(cfg: TrainConfig, ckpt: dict | None, device: str, rank: int, wo
                                          device, run.autocast, run.vision_tasks, run.blind)
                     rec.update(last_eval)
                     runs.print_eval(last_eval, step, stop, time.time() - t_eval)
+                    if not math.isfinite(last_eval["val_loss"]):   # the last update broke the weights
+                        runs.stop_diverged(cfg, step, last_eval["val_loss"], last_ckpt, run.master)
                 progress.write(rec)
             if step % cfg.ckpt_interval == 0 or step == stop or interrupted:
                 with progress.paused():
                     runs.save_checkpoint(ckpt_path, runs.checkpoint_state(cfg, run.raw_model, run.optimizer, step, run.data_gen))
-                last_ckpt = step
+                last_ckpt = signals.ckpt_step = step
             if is_log:
                 progress.new_window()
             else:
@@ -389,12 +403,9 @@ def finish_run(run: Run, step: int, last_eval: dict, interrupted: bool, wall_s: 
         runs.plot_max_logits(run.history, os.path.join(cfg.out_dir, "max_logit.png"),
                         cfg.qk_clip_tau if cfg.optimizer == "muonclip" else None)
     if cfg.sample_tokens > 0:
-        enc = data.get_tokenizer()
-        prompt = torch.tensor([enc.encode_ordinary("\n")], device=run.device)
-        with run.autocast:
-            out = run.raw_model.generate(prompt, cfg.sample_tokens, temperature=0.8, top_k=200,
-                                         generator=torch.Generator(device=run.device).manual_seed(cfg.seed))
-        text = enc.decode([t for t in out[0].tolist() if t < enc.n_vocab])
+        enc = data.get_tokenizer()          # sample.py's defaults print this text again from the checkpoint
+        text = sample.sample_text(run.raw_model, enc, enc.encode_ordinary(sample.PROMPT), cfg.sample_tokens,
+                                  torch.Generator(device=run.device).manual_seed(cfg.seed), autocast=run.autocast)
         with open(os.path.join(cfg.out_dir, "sample.txt"), "w") as f:
             f.write(text)
         result["sample"] = text
@@ -407,13 +418,24 @@ def main(argv: list[str]) -> int:
     except TrainingDiverged as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:   # a second Ctrl-C: stop at once, keeping the last checkpoint written
-        print("interrupted: stopped at once; the run's last checkpoint is kept (continue with --resume)", file=sys.stderr)
+    except runs.Interrupted as e:   # a second signal, or one outside the loop: stop at once
+        print(f"interrupted by {e}: stopped at once; {e.kept}", file=sys.stderr)
+        return 128 + e.signum
+    except KeyboardInterrupt:       # before the run was set up
+        print("interrupted: stopped at once; nothing was written", file=sys.stderr)
         return 130
+    except OSError as e:            # a full disk or a vanished folder while writing the final outputs
+        print(f"error: {e.filename or 'a write'}: {e.strerror or e}", file=sys.stderr)
+        return 1
+    if result.get("finished_before"):
+        print(f"nothing to do: {result['out_dir']} already finished (step {result['steps']} = its max_iters); "
+              "to train longer, start a new run with a larger --max_iters")
+        return 0
     if result["interrupted"]:
-        print(f"interrupted: stopped at step {result['steps']} and wrote its checkpoint; continue with "
-              f"python train.py --resume --out_dir={result['out_dir']}")
-        return 130
+        signum = result.get("signal") or signal.SIGINT   # under DDP the signal may have reached another process
+        print(f"interrupted by {signal.Signals(signum).name}: stopped at step {result['steps']} and wrote its "
+              f"checkpoint; continue with python train.py --resume --out_dir={result['out_dir']}")
+        return 128 + signum
     if result.get("final_val_loss") is not None:
         print(f"final text val loss {result['final_val_loss']:.4f} (unigram baseline {result['unigram_val_loss']:.4f})")
     if "vision_acc" in result:

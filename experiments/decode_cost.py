@@ -11,7 +11,7 @@ in round-robin, one step each per round. The plot and the ratios
 use the fastest step (the cost of a step when nothing else competes for the CPU: on a shared machine the
 median mostly measures the other processes); the table gives the median too.
 Cache bytes are the bytes of every tensor the caches hold (attention buffers are preallocated to
-L + decode_tokens, model.py), checked against the formula:
+L + decode_tokens, model.py), checked against the formula (model.decode_cache_bytes, which sample.py reports):
   attention layer: 2 · B · Hkv · L · Dh · bytes(dtype)     (K and V; grows with L)
   KDA layer:       B · H · K · V · 4 + B · 3·H·K · (conv − 1) · bytes(dtype)   (state fp32 + conv window)
 
@@ -32,7 +32,8 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from model import GPT, Config  # noqa: E402
+from model import GPT, Config, decode_cache_bytes  # noqa: E402
+from runs import bounded, int_list  # noqa: E402
 
 PATTERNS = {"A": "full attention A", "KKKA": "hybrid 3:1 KKKA", "K": "pure KDA K"}
 
@@ -44,15 +45,8 @@ def cache_bytes(caches) -> int:
 
 def cache_bytes_formula(cfg: Config, batch: int, tokens: int, dtype: torch.dtype) -> int:
     """What the caches of a model with this config must hold after `tokens` tokens (attention buffers
-    sized exactly `tokens`): K and V per attention layer, a float32 state and a conv window per KDA layer."""
-    size = torch.tensor([], dtype=dtype).element_size()
-    hkv, dh = cfg.n_kv_head or cfg.n_head, cfg.n_embd // cfg.n_head
-    H, K = cfg.kda_n_head or cfg.n_head, cfg.kda_head_dim or cfg.n_embd // cfg.n_head
-    conv = 4                                                                  # KimiDeltaAttention's conv_size
-    per_attention = 2 * batch * hkv * tokens * dh * size
-    per_kda = batch * H * K * K * 4 + batch * 3 * H * K * (conv - 1) * size
-    kinds = cfg.layer_kinds
-    return kinds.count("A") * per_attention + kinds.count("K") * per_kda
+    sized exactly `tokens`): model.decode_cache_bytes, the formula sample.py reports, KDA plus attention."""
+    return sum(decode_cache_bytes(cfg, tokens, batch, dtype))
 
 
 def make_model(pattern, args, device, dtype):
@@ -90,28 +84,34 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="cache bytes and per-token decode latency vs context for A, KKKA, K",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny model and contexts (seconds), for the test")
-    ap.add_argument("--contexts", default="1024,4096,16384", help="comma-separated context lengths")
+    ap.add_argument("--contexts", type=int_list(1), default="1024,4096,16384", help="comma-separated context lengths")
     ap.add_argument("--patterns", default="A,KKKA,K", help="comma-separated layer patterns")
-    ap.add_argument("--n_layer", type=int, default=4)
-    ap.add_argument("--n_embd", type=int, default=256)
-    ap.add_argument("--n_head", type=int, default=4, help="heads (head dim n_embd // n_head for both kinds)")
-    ap.add_argument("--vocab", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=1)
-    ap.add_argument("--decode_tokens", type=int, default=60, help="decode steps per context (the first --warmup not timed)")
-    ap.add_argument("--warmup", type=int, default=8, help="first decode steps not counted")
-    ap.add_argument("--prefill_chunk", type=int, default=1024)
-    ap.add_argument("--seed", type=int, default=0, help="model init seed")
-    ap.add_argument("--threads", type=int, default=2, help="CPU threads for torch")
+    ap.add_argument("--n_layer", type=bounded(int, 1), default=4)
+    ap.add_argument("--n_embd", type=bounded(int, 1), default=256)
+    ap.add_argument("--n_head", type=bounded(int, 1), default=4, help="heads (head dim n_embd // n_head for both kinds)")
+    ap.add_argument("--vocab", type=bounded(int, 1), default=1024)
+    ap.add_argument("--batch", type=bounded(int, 1), default=1)
+    ap.add_argument("--decode_tokens", type=bounded(int, 1), default=60,
+                    help="decode steps per context (the first --warmup not timed)")
+    ap.add_argument("--warmup", type=bounded(int, 0), default=8, help="first decode steps not counted")
+    ap.add_argument("--prefill_chunk", type=bounded(int, 1), default=1024)
+    ap.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=0, help="model init seed")
+    ap.add_argument("--threads", type=bounded(int, 1, os.cpu_count()), default=2, help="CPU threads for torch")
     ap.add_argument("--cpu", action="store_true", help="stay on CPU even when CUDA is present")
     ap.add_argument("--out_dir", default=os.path.join(ROOT, "out", "decode_cost"), help="where outputs go")
     args = ap.parse_args(argv)
-    if args.quick:
-        args.contexts, args.n_embd, args.n_head, args.vocab = "64,256", 32, 2, 64
-        args.decode_tokens, args.warmup, args.prefill_chunk = 6, 2, 128
-    args.contexts = sorted(int(c) for c in args.contexts.split(","))
+    if args.quick:   # other defaults; a flag given on the command line still wins
+        ap.set_defaults(contexts="64,256", n_embd=32, n_head=2, vocab=64, decode_tokens=6, warmup=2, prefill_chunk=128)
+        args = ap.parse_args(argv)
+    args.contexts = sorted(args.contexts)
     args.patterns = [p for p in args.patterns.split(",") if p]
     if args.warmup >= args.decode_tokens:
         raise SystemExit("error: --warmup must be smaller than --decode_tokens")
+    try:   # a bad pattern or head split stops here, in one line
+        for pattern in args.patterns:
+            Config(vocab_size=args.vocab, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd, pattern=pattern)
+    except ValueError as e:
+        raise SystemExit(f"error: {e}") from None
     return args
 
 

@@ -23,6 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import data  # noqa: E402
 import train  # noqa: E402
 from model import GPT  # noqa: E402
+from runs import bounded  # noqa: E402
 
 
 def layer_params(model: GPT) -> int:
@@ -34,9 +35,9 @@ def layer_params(model: GPT) -> int:
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--epochs", type=float, default=0.0, help="epochs of the slice (default: the GPU default's)")
-    p.add_argument("--eval_interval", type=int, default=40, help="steps between evaluations")
-    p.add_argument("--seed", type=int, default=1337, help="init, data order and image rows")
+    p.add_argument("--epochs", type=bounded(float, 0), default=0.0, help="epochs of the slice (default: the GPU default's)")
+    p.add_argument("--eval_interval", type=bounded(int, 1), default=40, help="steps between evaluations")
+    p.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=1337, help="init, data order and image rows")
     p.add_argument("--out_dir", default="out/epoch_proxy", help="output folder")
     args = p.parse_args()
 

@@ -41,32 +41,40 @@ import data  # noqa: E402
 import image_tasks  # noqa: E402
 import train  # noqa: E402
 from model import GPT, Config  # noqa: E402
+from runs import bounded  # noqa: E402
 
 ARMS = (("early", 0.1, 0.0), ("mid", 0.2, 0.5), ("late", 0.5, 0.8))   # (name, vision ratio, start fraction)
 
 
 def parse():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--steps", type=int, default=300, help="pre-training steps per arm")
-    p.add_argument("--ft_steps", type=int, default=100, help="steps of each fine-tune (experiments 2 and 3)")
-    p.add_argument("--batch_size", type=int, default=10, help="rows per step; 10 makes 10/20/50%% whole rows")
-    p.add_argument("--block_size", type=int, default=80, help=">= 72: the longest text twin")
+    p.add_argument("--steps", type=bounded(int, 1), default=300, help="pre-training steps per arm")
+    p.add_argument("--ft_steps", type=bounded(int, 1), default=100, help="steps of each fine-tune (experiments 2 and 3)")
+    p.add_argument("--batch_size", type=bounded(int, 1), default=10, help="rows per step; 10 makes 10/20/50%% whole rows")
+    p.add_argument("--block_size", type=bounded(int, 72), default=80, help=">= 72: the longest text twin")
     train.add_flags(p, n_layer=2, n_head=2, n_embd=48, vision_n_embd=32, vision_n_layer=1)
-    p.add_argument("--vision_patch_size", type=int, default=8, help="8: a 32 x 32 image is 4 LM tokens")
+    p.add_argument("--vision_patch_size", type=bounded(int, 1), default=8, help="8: a 32 x 32 image is 4 LM tokens")
     p.add_argument("--optimizer", default="muonclip", choices=("muonclip", "adamw"),
                    help="muonclip (tau 100, the project default) or adamw")
     p.add_argument("--tasks", default="color_one,side_one",
                    help="comma-separated image_tasks.TASKS to mix; the two one-shape tasks are what a 2-layer model "
                         "learns in 300 CPU steps (with all eight it stays at chance)")
-    p.add_argument("--lr", type=float, default=1e-2)
-    p.add_argument("--ft_lr", type=float, default=5e-3)
-    p.add_argument("--eval_every", type=int, default=30)
-    p.add_argument("--n_eval", type=int, default=60, help="val questions per accuracy")
+    p.add_argument("--lr", type=bounded(float, 1e-12, 1e3), default=1e-2)
+    p.add_argument("--ft_lr", type=bounded(float, 1e-12, 1e3), default=5e-3)
+    p.add_argument("--eval_every", type=bounded(int, 1), default=30)
+    p.add_argument("--n_eval", type=bounded(int, 1), default=60, help="val questions per accuracy")
     p.add_argument("--data", default="shakespeare")
-    p.add_argument("--seed", type=int, default=0, help="init, data order and image rows")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch default)")
+    p.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=0, help="init, data order and image rows")
+    p.add_argument("--threads", type=bounded(int, 0, os.cpu_count()), default=0, help="torch threads (0 = torch default)")
     p.add_argument("--out_dir", default="out/fusion_timing", help="output folder")
-    return p.parse_args()
+    args = p.parse_args()
+    try:   # a bad model flag stops here, in one line
+        Config(block_size=args.block_size, n_layer=args.n_layer, n_head=args.n_head, n_embd=args.n_embd,
+               vision_n_embd=args.vision_n_embd, vision_n_layer=args.vision_n_layer, vision_n_head=2,
+               vision_patch_size=args.vision_patch_size)
+    except ValueError as e:
+        p.error(str(e))
+    return args
 
 
 class Stream:

@@ -8,7 +8,7 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CONCEPTS = {"muonclip", "kda", "attnres", "vision", "swarm"}
-TOP = {"train", "runs", "bench"}   # nothing below these imports them
+TOP = {"train", "runs", "sample", "bench"}   # nothing below these imports them
 
 
 def local_modules() -> dict:
