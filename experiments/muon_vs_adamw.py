@@ -4,32 +4,36 @@ The claim (Moonlight, arXiv 2502.16982): Muon with the 0.2·sqrt(max(A, B)) upda
 given loss with about half the compute of a tuned AdamW at 0.4-1.5B; modded-nanogpt saw ~1.35x fewer
 tokens at 124M; Wen et al. (arXiv 2509.02046) 1.4x at 0.1B, shrinking with scale.
 
-Protocol: the same model, data order and schedule for both optimizers; a small lr sweep for each; the
-target is the best AdamW run's final val loss; for the best Muon run, the tokens at which its val
-curve first reaches the target (linear interpolation between evals). ratio = AdamW tokens / Muon tokens.
+Protocol (experiments/protocol.py): the same model, data order and schedule for both optimizers; each
+optimizer's lr is the best of its sweep on the tuning seed; on each judging seed, the target is AdamW's
+final val loss and the ratio is AdamW's tokens over the tokens at which Muon's val curve first reaches it
+(linear interpolation between evals); the claim is judged on the ratios' mean ± SE.
 
 CPU budget: train.py's CPU model with GPT-2's 50k vocabulary spends most of its time in the
 embedding and output head, and a head-dominated model hides what Muon does to the hidden matrices. So
 the corpus is Shakespeare re-indexed to its 4095 most frequent GPT-2 tokens plus one UNK id (94% of
 tokens kept); see compact_corpus(). That and the tiny scale are the caveats of the numbers.
 
-    nice python experiments/muon_vs_adamw.py              # writes out/muon_vs_adamw/muon_vs_adamw.{png,md}
-    nice python experiments/muon_vs_adamw.py --steps=100  # quicker, noisier
+    nice python experiments/muon_vs_adamw.py --jobs 2     # writes out/muon_vs_adamw/muon_vs_adamw.{png,md}
+    python experiments/muon_vs_adamw.py --quick           # seconds (CI)
 """
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
 import numpy as np
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import data  # noqa: E402
 import train  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import protocol  # noqa: E402
 
 OUT = os.path.join(ROOT, "out", "muon_vs_adamw")
 
@@ -58,9 +62,7 @@ def compact_corpus(vocab: int = 4096, source: str = "shakespeare") -> str:
     remap[keep] = np.arange(vocab - 1, dtype=np.uint16)
     os.makedirs(folder, exist_ok=True)
     for split, ids in (("train", train_ids), ("val", val_ids)):
-        tmp = os.path.join(folder, f"{split}.bin.tmp")
-        remap[np.asarray(ids)].tofile(tmp)
-        os.replace(tmp, os.path.join(folder, f"{split}.bin"))
+        data.write_split(folder, split, remap[np.asarray(ids)])
     return stub
 
 
@@ -87,80 +89,100 @@ def run(name: str, steps: int, eval_every: int, reuse: bool = False, out_root: s
     return dict(name=name, evals=evals, final=res["final_val_loss"], seconds=time.time() - t0, **kw)
 
 
-def tokens_to_reach(evals, target):
-    """First token count where the val curve reaches target, linearly interpolated; None if never."""
-    prev = None
-    for tokens, loss in evals:
-        if loss <= target:
-            if prev is None:
-                return tokens
-            (t0, l0) = prev
-            return t0 + (tokens - t0) * (l0 - target) / (l0 - loss)
-        prev = (tokens, loss)
-    return None
-
-
 def main():
-    # one thread: on a shared 2-core machine, torch's default 2 OpenMP threads ran ~7x slower here
-    torch.set_num_threads(1)
-    ap = argparse.ArgumentParser(description="Muon vs AdamW at equal steps: an lr sweep for each, tokens to reach "
-                                             "AdamW's best loss (Moonlight's ~2x claim in miniature)",
+    ap = argparse.ArgumentParser(description="Muon vs AdamW at equal steps: each optimizer's lr from a sweep on a "
+                                             "tuning seed, then tokens to reach AdamW's loss on judging seeds "
+                                             "(Moonlight's ~2x claim in miniature)",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--steps", type=int, default=300, help="training steps per run")
     ap.add_argument("--eval_every", type=int, default=25, help="steps between val evaluations")
     ap.add_argument("--adamw_lrs", default="1e-3,3e-3,1e-2", help="AdamW learning rates to sweep")
     ap.add_argument("--muon_lrs", default="1e-3,3e-3,1e-2,3e-2", help="Muon learning rates to sweep")
     ap.add_argument("--vocab", type=int, default=4096, help="compact vocabulary (Shakespeare re-indexed)")
-    ap.add_argument("--seed", type=int, default=1337, help="init and data order, the same for every run")
+    ap.add_argument("--tune_seed", type=int, default=1337, help="the seed of the lr sweeps")
+    ap.add_argument("--seeds", default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
+    ap.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
     ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per run)")
     ap.add_argument("--reuse", action="store_true", help="read finished runs from their logs instead of retraining")
+    ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run of the whole protocol (CI)")
     args = ap.parse_args()
-    corpus = compact_corpus(args.vocab)
-    common = dict(data=corpus, seed=args.seed, out_root=args.out_dir, **model_settings(args.vocab))
-    runs = []
-    for opt, lrs in (("adamw", args.adamw_lrs), ("muon", args.muon_lrs)):
-        for lr in [float(x) for x in lrs.split(",")]:
-            runs.append(run(f"{opt}_lr{lr:g}", args.steps, args.eval_every, args.reuse, optimizer=opt, lr=lr,
-                            **common))
-            runs[-1].pop("out_root")
-    best = {opt: min((r for r in runs if r["optimizer"] == opt), key=lambda r: r["final"]) for opt in ("adamw", "muon")}
-    target = best["adamw"]["final"]
-    t_adamw = tokens_to_reach(best["adamw"]["evals"], target)
-    t_muon = tokens_to_reach(best["muon"]["evals"], target)
-    ratio = (t_adamw / t_muon) if t_muon else None
+    seeds = [int(x) for x in args.seeds.split(",")]
+    sweeps = {"adamw": [float(x) for x in args.adamw_lrs.split(",")], "muon": [float(x) for x in args.muon_lrs.split(",")]}
+    if args.tune_seed in seeds:
+        raise SystemExit(f"error: --tune_seed={args.tune_seed} is also a judging seed; judge on seeds that picked nothing")
+    common = dict(data=compact_corpus(args.vocab), out_root=args.out_dir, reuse=args.reuse, threads=1,
+                  **model_settings(args.vocab))
+    if args.quick:
+        args.steps, args.eval_every, seeds, args.jobs = 4, 2, seeds[:2], 1
+        sweeps = {opt: lrs[:2] for opt, lrs in sweeps.items()}
+        common.update(n_layer=2, n_embd=32, n_head=2, block_size=16, batch_size=2)
 
+    def job(opt, lr, seed):
+        return dict(name=f"{opt}_lr{lr:g}" + ("" if seed == args.tune_seed else f"_seed{seed}"), steps=args.steps,
+                    eval_every=args.eval_every, optimizer=opt, lr=lr, seed=seed, **common)
+
+    t0 = time.time()
+    tuned = protocol.run_jobs(run, [job(opt, lr, args.tune_seed) for opt, lrs in sweeps.items() for lr in lrs], args.jobs)
+    best = {opt: protocol.best_lr({r["lr"]: [r["final"]] for r in tuned if r["optimizer"] == opt}) for opt in sweeps}
+    judged = protocol.run_jobs(run, [job(opt, best[opt], seed) for seed in seeds for opt in sweeps], args.jobs)
+    by = {(r["optimizer"], r["seed"]): r for r in judged}
+    # per seed: AdamW's final val loss is the target; the token ratio is AdamW's tokens over Muon's to get there
+    ratio = {}
+    for seed in seeds:
+        adamw, muon = by["adamw", seed], by["muon", seed]
+        t_adamw, t_muon = (protocol.tokens_to_reach(r["evals"], adamw["final"]) for r in (adamw, muon))
+        ratio[seed] = t_adamw / t_muon if t_muon else math.nan
+    ratios = protocol.paired(ratio, {s: 1.0 for s in seeds})          # ratio - 1, seed by seed
+    loss = protocol.paired({s: by["muon", s]["final"] for s in seeds}, {s: by["adamw", s]["final"] for s in seeds})
+    verdict = protocol.verdict(ratios, +1) if all(map(math.isfinite, ratio.values())) else protocol.DOES_NOT
+    report(args, seeds, sweeps, tuned, best, judged, ratio, ratios, loss, verdict, time.time() - t0)
+
+
+def report(args, seeds, sweeps, tuned, best, judged, ratio, ratios, loss, verdict, seconds):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for r in runs:
-        is_best = r is best[r["optimizer"]]
+    for r in judged:
         ax.plot([t for t, _ in r["evals"]], [v for _, v in r["evals"]], "-" if r["optimizer"] == "muon" else "--",
-                lw=2.2 if is_best else 0.9, alpha=1.0 if is_best else 0.5, label=f"{r['optimizer']} lr={r['lr']:g}")
-    ax.axhline(target, color="k", lw=0.8, ls=":", label=f"target {target:.3f}")
+                color="C0" if r["optimizer"] == "muon" else "C1", lw=1.2,
+                label=f"{r['optimizer']} lr={r['lr']:g}" if r["seed"] == seeds[0] else None)
     ax.set_xlabel("training tokens"), ax.set_ylabel("val loss (nats/token)")
-    ax.set_ylim(top=min(max(v for r in runs for _, v in r["evals"]), target + 2.5))
-    ax.set_title("Muon vs AdamW, same model and tokens (CPU, 4-layer d=128)")
+    ax.set_ylim(top=min(max(v for r in judged for _, v in r["evals"]), min(r["final"] for r in judged) + 2.5))
+    ax.set_title(f"Muon vs AdamW, each at its tuned lr, judging seeds {', '.join(map(str, seeds))}")
     ax.legend(fontsize=8), ax.grid(alpha=0.3)
     fig.tight_layout()
+    os.makedirs(args.out_dir, exist_ok=True)
     png = os.path.join(args.out_dir, "muon_vs_adamw.png")
     fig.savefig(png, dpi=120)
 
-    lines = [f"Muon vs AdamW: 4 layers, d=128, 4 heads, T=64, batch 16, vocab {args.vocab} (compact Shakespeare), "
-             f"{args.steps} steps x {16 * 64} tokens, cosine schedule, wd 0.1, grad clip 1.0.", "",
-             "| optimizer | lr | final val loss | tokens to reach target |", "|---|---|---|---|"]
-    for r in runs:
-        tt = tokens_to_reach(r["evals"], target)
-        lines.append(f"| {r['optimizer']} | {r['lr']:g} | {r['final']:.4f} | {f'{tt:,.0f}' if tt else 'not reached'} |")
-    lines += ["", f"Target = best AdamW final val loss = {target:.4f}. "
-              f"Best AdamW lr {best['adamw']['lr']:g}, best Muon lr {best['muon']['lr']:g}. "
-              + (f"Token ratio AdamW/Muon to reach the target: **{ratio:.2f}x**." if ratio else
-                 "The best Muon run never reached the target.")]
+    s = model_settings(args.vocab)
+    lines = [f"Muon vs AdamW: {s['n_layer']} layers, d={s['n_embd']}, {s['n_head']} heads, T={s['block_size']}, batch "
+             f"{s['batch_size']}, vocab {args.vocab} (compact Shakespeare), {args.steps} steps, cosine schedule, wd 0.1, "
+             f"grad clip 1.0; lr sweeps on tuning seed {args.tune_seed}, judged on seeds {', '.join(map(str, seeds))}; "
+             f"{seconds / 60:.1f} min.", "",
+             "| optimizer | sweep on the tuning seed (lr: final val) | tuned lr |", "|---|---|---|"]
+    for opt in sweeps:
+        grid = ", ".join(f"{r['lr']:g}: {r['final']:.4f}" for r in tuned if r["optimizer"] == opt)
+        lines.append(f"| {opt} | {grid} | **{best[opt]:g}** |")
+    lines += ["", "| judging seed | AdamW final val (the target) | Muon final val | Muon reaches the target at "
+              "(tokens) | token ratio AdamW / Muon |", "|---|---|---|---|---|"]
+    by = {(r["optimizer"], r["seed"]): r for r in judged}
+    for seed in seeds:
+        a, m = by["adamw", seed], by["muon", seed]
+        reach = protocol.tokens_to_reach(m["evals"], a["final"])
+        lines.append(f"| {seed} | {a['final']:.4f} | {m['final']:.4f} | {f'{reach:,.0f}' if reach else 'not reached'} "
+                     f"| {ratio[seed]:.2f}x |")
+    lines += ["", "| claim (Moonlight) | measured | verdict |", "|---|---|---|",
+              f"| Muon reaches AdamW's final loss with fewer tokens (ratio > 1 by > 2 SE; Moonlight ~2x) | ratio "
+              f"{ratios.mean_a:.2f}x ± {ratios.se:.2f} (mean ± SE), > 1 in {ratios.holds(+1)}/{len(seeds)} seeds "
+              f"| **{verdict}** |",
+              f"| final val loss, Muon − AdamW | {loss} | (Muon lower in {loss.holds(-1)}/{len(seeds)}) |"]
     md = os.path.join(args.out_dir, "muon_vs_adamw.md")
     with open(md, "w") as f:
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out_dir, "muon_vs_adamw.json"), "w") as f:
-        json.dump(dict(runs=runs, target=target, ratio=ratio), f)
+        json.dump(dict(tuned=tuned, best=best, judged=judged, ratio=ratio, verdict=verdict), f)
     print("\n".join(lines))
     print(f"wrote {png} and {md}")
 

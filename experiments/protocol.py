@@ -43,10 +43,10 @@ def paired(a: dict, b: dict) -> Paired:
     seeds = sorted(set(a) & set(b))
     if not seeds:
         raise ValueError(f"paired: no seed in common ({sorted(a)} vs {sorted(b)})")
-    diffs = [a[s] - b[s] for s in seeds]
-    se = statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.nan
-    return Paired(seeds, diffs, statistics.fmean(a[s] for s in seeds), statistics.fmean(b[s] for s in seeds),
-                  statistics.fmean(diffs), se)
+    diffs, n = [a[s] - b[s] for s in seeds], len(seeds)
+    mean = sum(diffs) / n
+    se = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1) / n) if n > 1 else math.nan   # nan stays nan
+    return Paired(seeds, diffs, sum(a[s] for s in seeds) / n, sum(b[s] for s in seeds) / n, mean, se)
 
 
 def verdict(p: Paired, sign: int, control_passed: bool = True) -> str:

@@ -58,3 +58,16 @@ def _square(x):
 def test_run_jobs_keeps_order_in_two_processes():
     jobs = [dict(x=i) for i in range(5)]
     assert protocol.run_jobs(_square, jobs, processes=2) == protocol.run_jobs(_square, jobs) == [0, 1, 4, 9, 16]
+
+
+@pytest.mark.parametrize("script,claims", [("hybrid.py", 2), ("qk_clip.py", 3), ("muon_vs_adamw.py", 1)])
+def test_judged_experiments_quick_runs_write_their_verdicts(script, claims, tmp_path, monkeypatch):
+    # the whole protocol in seconds: tuning runs, judging runs on seeds apart, a verdict row per claim
+    import runpy
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    monkeypatch.setattr(sys, "argv", [script, "--quick", f"--out_dir={tmp_path}"])
+    runpy.run_path(os.path.join(root, "experiments", script), run_name="__main__")
+    table = (tmp_path / script.replace(".py", ".md")).read_text()
+    verdicts = [line for line in table.splitlines() if line.endswith(("**reproduces** |", "**does not reproduce** |"))]
+    assert len(verdicts) == claims, table
+    assert (tmp_path / script.replace(".py", ".png")).stat().st_size > 0
