@@ -7,7 +7,7 @@
            SE = stdev(d) / sqrt(n);  reproduces  iff  sign · mean(d) > 2 SE  (sign: the paper's direction),
        an equivalence claim ("costs nothing") iff |mean(d)| + 2 SE <= a margin stated in advance, a
        non-inferiority claim ("does not hurt") iff mean(d) + 2 SE <= that margin.
-Plus the curve readings the claims need: steps to a threshold, and tokens to reach a loss (token ratio).
+Plus the curve reading the token-ratio claims need: tokens to reach a loss.
 
 Test: python -m pytest tests/test_protocol.py -q
 """
@@ -79,14 +79,6 @@ def best_lr(results: dict, lower_is_better: bool = True) -> float:
     return min(results, key=key)
 
 
-def steps_to(curve: list, threshold: float, above: bool = True):
-    """First x of curve [(x, value), ...] whose value reaches threshold (>= if above, else <=); None if never."""
-    for x, v in curve:
-        if (v >= threshold) if above else (v <= threshold):
-            return x
-    return None
-
-
 def tokens_to_reach(curve: list, target: float):
     """Tokens a run needs to bring its loss down to target: curve [(tokens, loss), ...] in order, linearly
     interpolated between the two evals around the first crossing; None if it never gets there."""
@@ -99,15 +91,6 @@ def tokens_to_reach(curve: list, target: float):
             return x0 + (x - x0) * (v0 - target) / (v0 - v)
         prev = (x, v)
     return None
-
-
-def plateaued(curve: list, tail: float = 0.2, gain: float = 0.01) -> bool:
-    """Held-out accuracy curve [(step, acc), ...]: gained less than `gain` over its last `tail` of steps."""
-    if len(curve) < 2:
-        return False
-    last_step = curve[-1][0]
-    start = next(v for x, v in curve if x >= last_step * (1 - tail))
-    return curve[-1][1] - start < gain
 
 
 def _one_thread(fn_and_kwargs):

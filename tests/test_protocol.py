@@ -42,13 +42,9 @@ def test_verdicts():
 def test_curve_readings():
     assert protocol.best_lr({1e-3: [3.0, 3.2], 3e-3: [2.9, 3.0], 1e-2: [3.5, 2.6]}) == 3e-3   # means 3.1, 2.95, 3.05
     assert protocol.best_lr({1e-3: [0.5], 3e-3: [0.9]}, lower_is_better=False) == 3e-3
-    curve = [(100, 0.1), (200, 0.4), (300, 0.8), (400, 0.9)]
-    assert protocol.steps_to(curve, 0.5) == 300 and protocol.steps_to(curve, 0.95) is None
     losses = [(1000, 5.0), (2000, 4.0), (3000, 3.5)]
     assert protocol.tokens_to_reach(losses, 4.5) == pytest.approx(1500)    # halfway between the two evals
     assert protocol.tokens_to_reach(losses, 5.5) == 1000 and protocol.tokens_to_reach(losses, 3.0) is None
-    assert protocol.plateaued([(0, 0.1), (80, 0.50), (100, 0.505)])
-    assert not protocol.plateaued([(0, 0.1), (80, 0.50), (100, 0.60)])
 
 
 def _square(x):
