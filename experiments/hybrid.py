@@ -7,7 +7,7 @@ pure linear attention is worse than either on recall-heavy tasks.
 Protocol (experiments/protocol.py): the arms share depth, width, data order, schedule and tokens; pattern
 "A" (RoPE attention), "KKKA" (NoPE attention, model.py's rule for patterns with K), "K", and with @safe
 K3's bounded gate. Each arm's SwiGLU width matches the hybrid's non-embedding parameters; each arm trains
-at the best lr of --lrs on --tune_seed, then once per judging seed; the claims (CLAIMS below) are judged
+at the best lr of --lrs on --seed (the tuning seed), then once per judging seed; the claims (CLAIMS below) are judged
 on the seed-paired differences of final val loss. CPU caveats: KDA runs the PyTorch chunk reference, so
 tokens/s says nothing about Triton; the corpus is Shakespeare re-indexed to its 4095 commonest GPT-2
 tokens (muon_vs_adamw.compact_corpus) so that the output head does not dominate the time.
@@ -130,8 +130,8 @@ def main():
     ap.add_argument("--jobs", type=int, default=1, help="runs side by side (one per core), each with --threads")
     ap.add_argument("--gpu", action="store_true", help="use CUDA and a larger model (if available)")
     ap.add_argument("--optimizer", default="muonclip", help="muonclip | muon | adamw (train.py's choices)")
-    ap.add_argument("--lrs", default="2e-3,4e-3,8e-3", help="each arm's lr grid, tried on --tune_seed")
-    ap.add_argument("--tune_seed", type=int, default=1337, help="the seed that picks each arm's lr")
+    ap.add_argument("--lrs", default="2e-3,4e-3,8e-3", help="each arm's lr grid, tried on --seed")
+    ap.add_argument("--seed", type=int, default=1337, help="the tuning seed: it picks each arm's lr and judges nothing")
     ap.add_argument("--seeds", default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
     ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per arm)")
     ap.add_argument("--arms", default="A,KKKA,K", help="comma-separated patterns, each optionally :rope or :nope "
@@ -145,8 +145,8 @@ def main():
     if args.quick:
         args.steps, args.eval_every, lrs, seeds, args.jobs = 4, 2, lrs[:2], seeds[:2], 1
     args.lrs, args.seeds = lrs, seeds
-    if args.tune_seed in seeds:
-        raise SystemExit(f"error: --tune_seed={args.tune_seed} is also a judging seed; judge on seeds that picked nothing")
+    if args.seed in seeds:
+        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that picked nothing")
     cuda = args.gpu and torch.cuda.is_available()
     if args.gpu and not cuda:
         raise SystemExit("error: --gpu given but no CUDA device is available")
@@ -172,13 +172,13 @@ def main():
                 for seed in run_seeds for arm in arm_lrs for lr in arm_lrs[arm]]
 
     t0 = time.time()
-    tuned = protocol.run_jobs(run, jobs({arm: lrs for arm in arms}, [args.tune_seed]), args.jobs)
+    tuned = protocol.run_jobs(run, jobs({arm: lrs for arm in arms}, [args.seed]), args.jobs)
     for _ in range(2):   # a best lr on the grid's edge: the grid grows by one factor-2 step that way, twice at most
         best = {arm: protocol.best_lr({r["lr"]: [r["final"]] for r in tuned if r["arm"] == arm}) for arm in arms}
         tried = {arm: sorted(r["lr"] for r in tuned if r["arm"] == arm) for arm in arms}
         grow = {arm: [best[arm] * (2 if best[arm] == tried[arm][-1] else 0.5)] for arm in arms
                 if best[arm] in (tried[arm][0], tried[arm][-1]) and not args.quick}
-        tuned += protocol.run_jobs(run, jobs(grow, [args.tune_seed]), args.jobs)
+        tuned += protocol.run_jobs(run, jobs(grow, [args.seed]), args.jobs)
     best = {arm: protocol.best_lr({r["lr"]: [r["final"]] for r in tuned if r["arm"] == arm}) for arm in arms}
     judged = protocol.run_jobs(run, jobs({arm: [best[arm]] for arm in arms}, seeds), args.jobs)
     claims = judge(judged)
@@ -218,7 +218,7 @@ def report(args, size, vocab, cuda, arms, tuned, best, judged, claims, seconds):
              f"{args.steps} steps × {s['batch_size'] * s['block_size']} tokens, {args.optimizer}, cosine schedule; "
              "SwiGLU width per arm matched to the hybrid's non-embedding parameters. "
              f"lr grid {', '.join(f'{x:g}' for x in args.lrs)} (grown by factors of 2 past an edge that won) on tuning "
-             f"seed {args.tune_seed}; judging seeds "
+             f"seed {args.seed}; judging seeds "
              f"{', '.join(map(str, args.seeds))}; {seconds / 60:.1f} min.", "",
              "| arm | params | lr (tuning seed: final val per lr) | " +
              " | ".join(f"seed {x}" for x in args.seeds) + " | mean |", "|---|---|---|" + "---|" * (len(args.seeds) + 1)]

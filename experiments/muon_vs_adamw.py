@@ -99,7 +99,7 @@ def main():
     ap.add_argument("--adamw_lrs", default="1e-3,3e-3,1e-2", help="AdamW learning rates to sweep")
     ap.add_argument("--muon_lrs", default="1e-3,3e-3,1e-2,3e-2", help="Muon learning rates to sweep")
     ap.add_argument("--vocab", type=int, default=4096, help="compact vocabulary (Shakespeare re-indexed)")
-    ap.add_argument("--tune_seed", type=int, default=1337, help="the seed of the lr sweeps")
+    ap.add_argument("--seed", type=int, default=1337, help="the tuning seed: it runs the lr sweeps and judges nothing")
     ap.add_argument("--seeds", default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
     ap.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
     ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per run)")
@@ -108,8 +108,8 @@ def main():
     args = ap.parse_args()
     seeds = [int(x) for x in args.seeds.split(",")]
     sweeps = {"adamw": [float(x) for x in args.adamw_lrs.split(",")], "muon": [float(x) for x in args.muon_lrs.split(",")]}
-    if args.tune_seed in seeds:
-        raise SystemExit(f"error: --tune_seed={args.tune_seed} is also a judging seed; judge on seeds that picked nothing")
+    if args.seed in seeds:
+        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that picked nothing")
     common = dict(data=compact_corpus(args.vocab), out_root=args.out_dir, reuse=args.reuse, threads=1,
                   **model_settings(args.vocab))
     if args.quick:
@@ -118,11 +118,11 @@ def main():
         common.update(n_layer=2, n_embd=32, n_head=2, block_size=16, batch_size=2)
 
     def job(opt, lr, seed):
-        return dict(name=f"{opt}_lr{lr:g}" + ("" if seed == args.tune_seed else f"_seed{seed}"), steps=args.steps,
+        return dict(name=f"{opt}_lr{lr:g}" + ("" if seed == args.seed else f"_seed{seed}"), steps=args.steps,
                     eval_every=args.eval_every, optimizer=opt, lr=lr, seed=seed, **common)
 
     t0 = time.time()
-    tuned = protocol.run_jobs(run, [job(opt, lr, args.tune_seed) for opt, lrs in sweeps.items() for lr in lrs], args.jobs)
+    tuned = protocol.run_jobs(run, [job(opt, lr, args.seed) for opt, lrs in sweeps.items() for lr in lrs], args.jobs)
     best = {opt: protocol.best_lr({r["lr"]: [r["final"]] for r in tuned if r["optimizer"] == opt}) for opt in sweeps}
     judged = protocol.run_jobs(run, [job(opt, best[opt], seed) for seed in seeds for opt in sweeps], args.jobs)
     by = {(r["optimizer"], r["seed"]): r for r in judged}
@@ -159,7 +159,7 @@ def report(args, seeds, sweeps, tuned, best, judged, ratio, ratios, loss, verdic
     s = model_settings(args.vocab)
     lines = [f"Muon vs AdamW: {s['n_layer']} layers, d={s['n_embd']}, {s['n_head']} heads, T={s['block_size']}, batch "
              f"{s['batch_size']}, vocab {args.vocab} (compact Shakespeare), {args.steps} steps, cosine schedule, wd 0.1, "
-             f"grad clip 1.0; lr sweeps on tuning seed {args.tune_seed}, judged on seeds {', '.join(map(str, seeds))}; "
+             f"grad clip 1.0; lr sweeps on tuning seed {args.seed}, judged on seeds {', '.join(map(str, seeds))}; "
              f"{seconds / 60:.1f} min.", "",
              "| optimizer | sweep on the tuning seed (lr: final val) | tuned lr |", "|---|---|---|"]
     for opt in sweeps:

@@ -70,13 +70,17 @@ def main():
     ap.add_argument("--eval_every", type=int, default=25, help="steps between val evaluations")
     ap.add_argument("--lr", type=float, default=0.1, help="Muon lr, high enough to make logits run away")
     ap.add_argument("--taus", default="100,30", help="comma-separated QK-Clip thresholds; the first is judged")
-    ap.add_argument("--seeds", default="101,102,103",
-                    help="judging seeds (the setting was chosen on seed 1337, which is not one of them)")
+    ap.add_argument("--seed", type=int, default=1337, help="the tuning seed: the setting (lr, widths) was chosen "
+                    "on it; it judges nothing")
+    ap.add_argument("--seeds", default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
     ap.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
     ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run (CI)")
     ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per run)")
     args = ap.parse_args()
     seeds, taus = [int(x) for x in args.seeds.split(",")], [float(t) for t in args.taus.split(",")]
+    if args.seed in seeds:
+        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that "
+                         "chose nothing")
     settings = model_settings(4096)
     settings.update(n_layer=2, n_head=2, data=compact_corpus(4096), lr=args.lr, weight_decay=0.0, threads=1)
     if args.quick:
@@ -127,7 +131,7 @@ def report(args, settings, seeds, taus, runs, by, runaway, held, loss, verdicts)
     d = settings
     lines = [f"QK-Clip on/off: {d['n_layer']} layers, d={d['n_embd']}, {d['n_head']} heads of {d['n_embd'] // d['n_head']} "
              f"dims, T={d['block_size']}, batch {d['batch_size']}, vocab 4096 (compact Shakespeare), Muon lr {args.lr:g}, wd 0, {args.steps} steps, cosine schedule; setting chosen on seed "
-             f"1337, judged on seeds {', '.join(map(str, seeds))}.", "",
+             f"{args.seed}, judged on seeds {', '.join(map(str, seeds))}.", "",
              "| run | seed | peak max logit | after the first clip (max) | last 50 steps (max) | steps with a clip | final val loss |",
              "|---|---|---|---|---|---|---|"]
     for r in runs:
