@@ -160,6 +160,12 @@ def bounded(kind=int, low=None, high=None):
     return parse
 
 
+def bounded_list(kind=int, low=None, high=None):
+    """A comma list of bounded values (`--seeds=101,102,103`), at least one; argparse's one line otherwise."""
+    one = bounded(kind, low, high)
+    return lambda text: [one(x) for x in text.split(",")]
+
+
 def int_list(low: int = 1):
     """An argparse type= for a comma-separated list of ints, each >= low (e.g. --contexts=1024,4096)."""
     one = bounded(int, low)

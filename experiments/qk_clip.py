@@ -32,6 +32,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import protocol  # noqa: E402
 import train  # noqa: E402
+from runs import bounded, bounded_list  # noqa: E402
 from muon_vs_adamw import compact_corpus, model_settings  # noqa: E402
 
 OUT = os.path.join(ROOT, "out", "qk_clip")
@@ -66,18 +67,18 @@ def main():
     ap = argparse.ArgumentParser(description="QK-Clip on/off: max attention logits and val loss with Muon at a "
                                              "deliberately high lr, without and with clipping at each tau",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--steps", type=int, default=300, help="training steps per run")
-    ap.add_argument("--eval_every", type=int, default=25, help="steps between val evaluations")
-    ap.add_argument("--lr", type=float, default=0.1, help="Muon lr, high enough to make logits run away")
-    ap.add_argument("--taus", default="100,30", help="comma-separated QK-Clip thresholds; the first is judged")
-    ap.add_argument("--seed", type=int, default=1337, help="the tuning seed: the setting (lr, widths) was chosen "
+    ap.add_argument("--steps", type=bounded(int, 1), default=300, help="training steps per run")
+    ap.add_argument("--eval_every", type=bounded(int, 1), default=25, help="steps between val evaluations")
+    ap.add_argument("--lr", type=bounded(float, 1e-12, 1e3), default=0.1, help="Muon lr, high enough to make logits run away")
+    ap.add_argument("--taus", type=bounded_list(float, 1e-6, 1e9), default="100,30", help="comma-separated QK-Clip thresholds; the first is judged")
+    ap.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=1337, help="the tuning seed: the setting (lr, widths) was chosen "
                     "on it; it judges nothing")
-    ap.add_argument("--seeds", default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
-    ap.add_argument("--jobs", type=int, default=1, help="runs side by side, one thread each")
+    ap.add_argument("--seeds", type=bounded_list(int, 0, 2**63 - 1), default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
+    ap.add_argument("--jobs", type=bounded(int, 1, 64), default=1, help="runs side by side, one thread each")
     ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run (CI)")
     ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per run)")
     args = ap.parse_args()
-    seeds, taus = [int(x) for x in args.seeds.split(",")], [float(t) for t in args.taus.split(",")]
+    seeds, taus = args.seeds, args.taus
     if args.seed in seeds:
         raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that "
                          "chose nothing")

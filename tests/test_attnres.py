@@ -335,6 +335,18 @@ def test_plot_depth_attention_writes_png(tmp_path):
         assert fh.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
+def test_compute_ratio_and_embedding_share():
+    # the experiment's compute reading: the standard residual's final loss is log-linear in tokens between
+    # its 1x and 2x runs, so a target halfway between the two losses needs sqrt(2)x the tokens
+    from experiments.attnres_compare import compute_ratio, embedding_share
+    assert compute_ratio(4.0, 3.8, 3.9) == pytest.approx(2 ** 0.5)
+    assert compute_ratio(4.0, 3.8, 3.8 + 0.2 * 0.25) == pytest.approx(2 ** 0.75)
+    assert compute_ratio(4.0, 3.8, 4.1) == 1.0            # block worse than the 1x run: no saving
+    assert compute_ratio(4.0, 3.8, 3.7) == 2.0            # block beats even 2x: the lower bound
+    assert compute_ratio(4.0, 4.05, 3.9) == 2.0           # 2x did not help: nothing to interpolate
+    assert embedding_share([[1.0], [0.3, 0.7], [0.2, 0.3, 0.5]]) == [0.3, 0.2]   # the forced first read left out
+
+
 # ----------------------------------------------------------------------------------------------------
 # Bad inputs stop at the API boundary with a clear message
 

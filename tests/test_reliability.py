@@ -500,6 +500,10 @@ def test_every_script_has_help_and_shares_flag_names(script, monkeypatch, capsys
     ("experiments/decode_cost.py", ["--contexts=abc"], "argument --contexts: 'abc' is not a valid int"),
     ("experiments/fusion_timing.py", ["--batch_size=0"], "argument --batch_size: 0 is outside"),
     ("experiments/epoch_proxy.py", ["--epochs=-1"], "argument --epochs: -1 is outside"),
+    ("experiments/attnres_compare.py", ["--lrs=1e-3,abc"], "argument --lrs: 'abc' is not a valid float"),
+    ("experiments/hybrid.py", ["--seeds=101,-2"], "argument --seeds: -2 is outside"),
+    ("experiments/muon_vs_adamw.py", ["--steps=0"], "argument --steps: 0 is outside"),
+    ("experiments/qk_clip.py", ["--taus=100,"], "argument --taus: '' is not a valid float"),
 ])
 def test_other_entry_points_check_their_flags_in_one_line(script, argv, expected, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [script] + argv)
