@@ -37,7 +37,7 @@ import data  # noqa: E402
 import model  # noqa: E402
 import protocol  # noqa: E402
 import train  # noqa: E402
-from runs import bounded, bounded_list  # noqa: E402
+from runs import bounded_list  # noqa: E402
 from muon_vs_adamw import compact_corpus  # noqa: E402
 
 OUT = os.path.join(ROOT, "out", "attnres_compare")
@@ -172,20 +172,13 @@ def judge(judged: list, depths: list) -> list:
 def main():
     ap = argparse.ArgumentParser(description="standard residual vs Block AttnRes at depths 4 and 16: each arm at its "
                                  "best lr on a tuning seed, judged on other seeds", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--steps", type=bounded(int, 1), default=1500, help="training steps per arm-seed (the control also runs 2x)")
-    ap.add_argument("--eval_every", type=bounded(int, 1), default=100, help="steps between val evaluations")
+    protocol.add_flags(ap, OUT, steps=1500, eval_every=100)
     ap.add_argument("--depths", type=bounded_list(int, 1, 256), default="4,16", help="layers (comma list); blocks of 2 sublayers at 4, 4 at 16")
     ap.add_argument("--lrs", type=bounded_list(float, 1e-12, 1e3), default="4e-3,8e-3,1.6e-2", help="each arm's lr grid, tried on --seed")
-    ap.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=1337, help="the tuning seed: it picks each arm's lr and judges nothing")
-    ap.add_argument("--seeds", type=bounded_list(int, 0, 2**63 - 1), default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
-    ap.add_argument("--jobs", type=bounded(int, 1, 64), default=1, help="runs side by side (one per core), one thread each")
-    ap.add_argument("--out_dir", default=OUT, help="output folder")
-    ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run of the whole protocol (CI)")
     ap.add_argument("--reuse", action="store_true", help="read finished runs from their result.json")
     args = ap.parse_args()
     lrs, seeds, depths = args.lrs, args.seeds, args.depths
-    if args.seed in seeds:
-        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that picked nothing")
+    protocol.check_seeds(args)
     if args.quick:
         args.steps, args.eval_every, lrs, seeds, args.jobs, depths = 4, 2, lrs[:2], seeds[:2], 1, [2, 4]
     args.lrs, args.seeds, args.depths = lrs, seeds, depths

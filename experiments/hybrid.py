@@ -124,20 +124,14 @@ def judge(judged: list) -> list:
 def main():
     ap = argparse.ArgumentParser(description="hybrid 3:1 vs full attention vs pure KDA: each arm at its best lr "
                                  "on a tuning seed, judged on other seeds", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--steps", type=bounded(int, 1), default=400, help="training steps per arm-seed")
-    ap.add_argument("--eval_every", type=bounded(int, 1), default=50, help="steps between val evaluations")
+    protocol.add_flags(ap, OUT, steps=400, eval_every=50)
     ap.add_argument("--threads", type=bounded(int, 1, os.cpu_count()), default=1,
                     help="CPU threads per run (1: on a shared 2-core machine torch's 2 threads ran several times slower)")
-    ap.add_argument("--jobs", type=bounded(int, 1, 64), default=1, help="runs side by side (one per core), each with --threads")
     ap.add_argument("--gpu", action="store_true", help="use CUDA and a larger model (if available)")
     ap.add_argument("--optimizer", default="muonclip", choices=("muonclip", "muon", "adamw"))
     ap.add_argument("--lrs", type=bounded_list(float, 1e-12, 1e3), default="2e-3,4e-3,8e-3", help="each arm's lr grid, tried on --seed")
-    ap.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=1337, help="the tuning seed: it picks each arm's lr and judges nothing")
-    ap.add_argument("--seeds", type=bounded_list(int, 0, 2**63 - 1), default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
-    ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per arm)")
     ap.add_argument("--arms", default="A,KKKA,K", help="comma-separated patterns, each optionally :rope or :nope "
                     "and @channel, @head or @safe (e.g. KKKA,KKKA@safe)")
-    ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run of the whole protocol (CI)")
     ap.add_argument("--reuse", action="store_true", help="read finished arm-seed-lr runs from their result.json")
     train.add_flags(ap, kda_gate="channel", kda_gate_lower_bound=-5.0)
     args = ap.parse_args()
@@ -145,8 +139,7 @@ def main():
     if args.quick:
         args.steps, args.eval_every, lrs, seeds, args.jobs = 4, 2, lrs[:2], seeds[:2], 1
     args.lrs, args.seeds = lrs, seeds
-    if args.seed in seeds:
-        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that picked nothing")
+    protocol.check_seeds(args)
     cuda = args.gpu and torch.cuda.is_available()
     if args.gpu and not cuda:
         raise SystemExit("error: --gpu given but no CUDA device is available")

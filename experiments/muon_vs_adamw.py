@@ -95,21 +95,14 @@ def main():
                                              "tuning seed, then tokens to reach AdamW's loss on judging seeds "
                                              "(Moonlight's ~2x claim in miniature)",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--steps", type=bounded(int, 1), default=300, help="training steps per run")
-    ap.add_argument("--eval_every", type=bounded(int, 1), default=25, help="steps between val evaluations")
+    protocol.add_flags(ap, OUT, steps=300, eval_every=25)
     ap.add_argument("--adamw_lrs", type=bounded_list(float, 1e-12, 1e3), default="1e-3,3e-3,1e-2", help="AdamW learning rates to sweep")
     ap.add_argument("--muon_lrs", type=bounded_list(float, 1e-12, 1e3), default="1e-3,3e-3,1e-2,3e-2", help="Muon learning rates to sweep")
     ap.add_argument("--vocab", type=bounded(int, 2, 65536), default=4096, help="compact vocabulary (Shakespeare re-indexed)")
-    ap.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=1337, help="the tuning seed: it runs the lr sweeps and judges nothing")
-    ap.add_argument("--seeds", type=bounded_list(int, 0, 2**63 - 1), default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
-    ap.add_argument("--jobs", type=bounded(int, 1, 64), default=1, help="runs side by side, one thread each")
-    ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per run)")
     ap.add_argument("--reuse", action="store_true", help="read finished runs from their logs instead of retraining")
-    ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run of the whole protocol (CI)")
     args = ap.parse_args()
     seeds, sweeps = args.seeds, {"adamw": args.adamw_lrs, "muon": args.muon_lrs}
-    if args.seed in seeds:
-        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that picked nothing")
+    protocol.check_seeds(args)
     common = dict(data=compact_corpus(args.vocab), out_root=args.out_dir, reuse=args.reuse, threads=1,
                   **model_settings(args.vocab))
     if args.quick:

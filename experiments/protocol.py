@@ -17,6 +17,8 @@ import os
 import statistics
 from dataclasses import dataclass
 
+from runs import bounded, bounded_list
+
 REPRODUCES, DOES_NOT, NOT_TESTABLE = "reproduces", "does not reproduce", "not testable at this scale"
 
 
@@ -91,6 +93,25 @@ def tokens_to_reach(curve: list, target: float):
             return x0 + (x - x0) * (v0 - target) / (v0 - v)
         prev = (x, v)
     return None
+
+
+def add_flags(ap, out_dir: str, steps: int, eval_every: int):
+    """The flags every judged experiment shares: run length, the tuning seed, the judging seeds, side-by-side jobs."""
+    ap.add_argument("--steps", type=bounded(int, 1), default=steps, help="training steps per run")
+    ap.add_argument("--eval_every", type=bounded(int, 1), default=eval_every, help="steps between val evaluations")
+    ap.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=1337,
+                    help="the tuning seed: it picks each arm's lr (or the setting) and judges nothing")
+    ap.add_argument("--seeds", type=bounded_list(int, 0, 2**63 - 1), default="101,102,103",
+                    help="judging seeds (comma list), none of them the tuning seed")
+    ap.add_argument("--jobs", type=bounded(int, 1, 64), default=1, help="runs side by side (one per core), one thread each")
+    ap.add_argument("--out_dir", default=out_dir, help="output folder (one sub-folder per run)")
+    ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run of the whole protocol (CI)")
+
+
+def check_seeds(args):
+    """A judging seed that is also the tuning seed judges its own choice: refused in one line."""
+    if args.seed in args.seeds:
+        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that chose nothing")
 
 
 def _one_thread(fn_and_kwargs):

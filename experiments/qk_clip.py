@@ -67,21 +67,12 @@ def main():
     ap = argparse.ArgumentParser(description="QK-Clip on/off: max attention logits and val loss with Muon at a "
                                              "deliberately high lr, without and with clipping at each tau",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--steps", type=bounded(int, 1), default=300, help="training steps per run")
-    ap.add_argument("--eval_every", type=bounded(int, 1), default=25, help="steps between val evaluations")
+    protocol.add_flags(ap, OUT, steps=300, eval_every=25)
     ap.add_argument("--lr", type=bounded(float, 1e-12, 1e3), default=0.1, help="Muon lr, high enough to make logits run away")
     ap.add_argument("--taus", type=bounded_list(float, 1e-6, 1e9), default="100,30", help="comma-separated QK-Clip thresholds; the first is judged")
-    ap.add_argument("--seed", type=bounded(int, 0, 2**63 - 1), default=1337, help="the tuning seed: the setting (lr, widths) was chosen "
-                    "on it; it judges nothing")
-    ap.add_argument("--seeds", type=bounded_list(int, 0, 2**63 - 1), default="101,102,103", help="judging seeds (comma list), none of them the tuning seed")
-    ap.add_argument("--jobs", type=bounded(int, 1, 64), default=1, help="runs side by side, one thread each")
-    ap.add_argument("--quick", action="store_true", help="a seconds-long smoke run (CI)")
-    ap.add_argument("--out_dir", default=OUT, help="output folder (one sub-folder per run)")
     args = ap.parse_args()
     seeds, taus = args.seeds, args.taus
-    if args.seed in seeds:
-        raise SystemExit(f"error: --seed={args.seed} (the tuning seed) is also a judging seed; judge on seeds that "
-                         "chose nothing")
+    protocol.check_seeds(args)
     settings = model_settings(4096)
     settings.update(n_layer=2, n_head=2, data=compact_corpus(4096), lr=args.lr, weight_decay=0.0, threads=1)
     if args.quick:
