@@ -57,7 +57,7 @@ def test_run_jobs_keeps_order_in_two_processes():
 
 
 @pytest.mark.parametrize("script,claims", [("hybrid.py", 2), ("qk_clip.py", 3), ("muon_vs_adamw.py", 1),
-                                            ("attnres_compare.py", 7)])
+                                            ("attnres_compare.py", 9)])
 def test_judged_experiments_quick_runs_write_their_verdicts(script, claims, tmp_path, monkeypatch):
     # the whole protocol in seconds: tuning runs, judging runs on seeds apart, a verdict row per claim
     import runpy
