@@ -12,7 +12,7 @@ current block's partial sum (S = 1: full AttnRes). Two-phase (decoding): one rea
 blocks for all of a block's queries (attnres_stats -> o1, lse1), then each sublayer merges its
 intra-block part (o2, lse2): h = o1 + σ(lse2 - lse1) (o2 - o1). kernels/attnres.py is the fused op.
 
-Run:   python experiments/attnres_compare.py
+Run:   python experiments/attnres_compare.py --jobs 2   (the README table: ~2 h on 2 CPU cores; --quick: seconds)
 Test:  python -m pytest tests/test_attnres.py -q
 Bench: python bench.py attnres
 """
