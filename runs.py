@@ -161,19 +161,13 @@ def bounded(kind=int, low=None, high=None):
 
 
 def bounded_list(kind=int, low=None, high=None):
-    """A comma list of bounded values (`--seeds=101,102,103`), at least one; argparse's one line otherwise."""
+    """An argparse type= for a comma-separated list of bounded values (`--seeds=101,102,103`), at least one."""
     one = bounded(kind, low, high)
-    return lambda text: [one(x) for x in text.split(",")]
 
-
-def int_list(low: int = 1):
-    """An argparse type= for a comma-separated list of ints, each >= low (e.g. --contexts=1024,4096)."""
-    one = bounded(int, low)
-
-    def parse(text: str) -> list[int]:
+    def parse(text: str) -> list:
         values = [one(t.strip()) for t in text.split(",") if t.strip()]
         if not values:
-            raise argparse.ArgumentTypeError(f"{text!r}: give one or more comma-separated integers")
+            raise argparse.ArgumentTypeError(f"{text!r}: give one or more comma-separated values")
         return values
     return parse
 

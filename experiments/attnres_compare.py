@@ -14,14 +14,13 @@ tuned lr): the positive control (2x tokens must lower its loss by > 2 SE, or the
 compute difference) and the compute ratio: the tokens the standard residual needs to reach block's
 final loss, log-linear between its 1x and 2x final losses (a lower bound of 2 if block beats even 2x).
 
-    nice python experiments/attnres_compare.py --jobs 2     # the README's table (~80 min on 2 cores)
+    nice python experiments/attnres_compare.py --jobs 2     # the README's table (~2 h on 2 cores)
     python experiments/attnres_compare.py --quick           # seconds (CI)
 
 Writes attnres_compare.{md,json,png} and heatmap_depth<D>.png (the paper's Fig. 8) under --out_dir.
 """
 import argparse
 import json
-import math
 import os
 import statistics
 import sys
@@ -133,7 +132,7 @@ def compute_ratio(l1: float, l2: float, target: float) -> float:
 
 
 def judge(judged: list, depths: list) -> list:
-    """The claims, each a row: (claim, Paired, sign, verdict, where it holds)."""
+    """The claims, each a row: (claim, Paired, verdict, where it holds)."""
     final = {}
     for r in judged:
         final.setdefault((r["depth"], r["arm"], r["steps"]), {})[r["seed"]] = r
@@ -143,33 +142,33 @@ def judge(judged: list, depths: list) -> list:
         std, blk, std2 = final[(d, "standard", steps)], final[(d, "attnres_block", steps)], final[(d, "standard", 2 * steps)]
         control = protocol.paired({s: r["final"] for s, r in std2.items()}, {s: r["final"] for s, r in std.items()})
         passed = protocol.verdict(control, -1) == protocol.REPRODUCES
-        rows.append((f"control: 2x tokens lower the standard residual's loss ({d} layers)", control, -1,
+        rows.append((f"control: 2x tokens lower the standard residual's loss ({d} layers)", control,
                      "passed" if passed else "FAILED", f"{control.holds(-1)}/{len(control.seeds)} seeds"))
         gap = protocol.paired({s: r["final"] for s, r in blk.items()}, {s: r["final"] for s, r in std.items()})
         gaps[d] = gap
-        rows.append((f"block AttnRes beats the standard residual ({d} layers)", gap, -1,
+        rows.append((f"block AttnRes beats the standard residual ({d} layers)", gap,
                      protocol.verdict(gap, -1, passed), f"{gap.holds(-1)}/{len(gap.seeds)} seeds"))
         second = [k for k, (step, _, _) in enumerate(next(iter(std.values()))["evals"]) if step > steps // 2]
         per_eval = [protocol.paired({s: r["evals"][k][2] for s, r in blk.items()},
                                     {s: r["evals"][k][2] for s, r in std.items()}) for k in second]
         held = sum(protocol.verdict(p, -1) == protocol.REPRODUCES for p in per_eval)
         worst = max(per_eval, key=lambda p: p.diff + 2 * p.se)
-        rows.append((f"the gap holds over the second half ({d} layers; worst of {len(per_eval)} evals shown)", worst, -1,
+        rows.append((f"the gap holds over the second half ({d} layers; worst of {len(per_eval)} evals shown)", worst,
                      protocol.REPRODUCES if held == len(per_eval) and passed else protocol.DOES_NOT,
                      f"{held}/{len(per_eval)} evals beyond 2 SE"))
         ratios = {s: compute_ratio(std[s]["final"], std2[s]["final"], blk[s]["final"]) for s in blk}
         ratio = protocol.paired(ratios, {s: 1.0 for s in ratios})
         rows.append((f"block saves compute: the standard residual needs x{ratio.mean_a:.3f} the tokens ({d} layers; "
-                     "shown: ratio - 1)", ratio, +1, protocol.verdict(ratio, +1, passed), f"{ratio.holds(+1)}/{len(ratio.seeds)} seeds"))
+                     "shown: ratio - 1)", ratio, protocol.verdict(ratio, +1, passed), f"{ratio.holds(+1)}/{len(ratio.seeds)} seeds"))
         size = protocol.paired(ratios, {s: 1.25 for s in ratios})
-        rows.append((f"the saving is the paper's x1.25 ({d} layers: 1.25 inside mean ± 2 SE; shown: ratio - 1.25)", size, 0,
+        rows.append((f"the saving is the paper's x1.25 ({d} layers: 1.25 inside mean ± 2 SE; shown: ratio - 1.25)", size,
                      protocol.REPRODUCES if passed and abs(size.diff) <= 2 * size.se else protocol.DOES_NOT,
                      f"{sum(r >= 1.25 for r in ratios.values())}/{len(ratios)} seeds at or above 1.25"))
     if len(depths) == 2:
         lo, hi = depths
         grow = protocol.paired({s: gaps[hi].diffs[i] for i, s in enumerate(gaps[hi].seeds)},
                                {s: gaps[lo].diffs[i] for i, s in enumerate(gaps[lo].seeds)})
-        rows.append((f"the gap grows with depth ({hi} vs {lo} layers: gap{hi} - gap{lo})", grow, -1,
+        rows.append((f"the gap grows with depth ({hi} vs {lo} layers: gap{hi} - gap{lo})", grow,
                      protocol.verdict(grow, -1), f"{grow.holds(-1)}/{len(grow.seeds)} seeds"))
     return rows
 
@@ -260,7 +259,7 @@ def report(args, common, tuned, best, judged, claims, seconds):
                          f" | {statistics.fmean(r['final'] for r in rs):.4f} | {share_text} | "
                          f"{statistics.fmean(r['tokens_per_s'] for r in rs):.0f} |")
     lines += ["", "| claim | paired difference (mean ± SE) | holds in | verdict |", "|---|---|---|---|"]
-    for claim, p, sign, v, holds in claims:
+    for claim, p, v, holds in claims:
         lines.append(f"| {claim} | {p} | {holds} | **{v}** |")
     worst, unigram = max(r["final"] for r in judged), judged[0]["unigram"]
     lines += ["", f"Learning check: the worst final val loss {worst:.4f} is " + ("below" if worst < unigram else
@@ -277,7 +276,7 @@ def report(args, common, tuned, best, judged, claims, seconds):
         f.write("\n".join(lines) + "\n")
     with open(os.path.join(args.out_dir, "attnres_compare.json"), "w") as f:
         json.dump(dict(tuned=tuned, best={f"{d}:{a}": v for (d, a), v in best.items()}, judged=judged,
-                       claims=[dict(claim=c, paired=vars(p), verdict=v, holds=h) for c, p, _, v, h in claims]), f)
+                       claims=[dict(claim=c, paired=vars(p), verdict=v, holds=h) for c, p, v, h in claims]), f)
     print("\n".join(lines))
     print(f"wrote {png} and {md}")
 

@@ -33,7 +33,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from model import GPT, Config, decode_cache_bytes  # noqa: E402
-from runs import bounded, int_list  # noqa: E402
+from runs import bounded, bounded_list  # noqa: E402
 
 PATTERNS = {"A": "full attention A", "KKKA": "hybrid 3:1 KKKA", "K": "pure KDA K"}
 
@@ -84,7 +84,7 @@ def parse_args(argv=None):
     ap = argparse.ArgumentParser(description="cache bytes and per-token decode latency vs context for A, KKKA, K",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="tiny model and contexts (seconds), for the test")
-    ap.add_argument("--contexts", type=int_list(1), default="1024,4096,16384", help="comma-separated context lengths")
+    ap.add_argument("--contexts", type=bounded_list(int, 1), default="1024,4096,16384", help="comma-separated context lengths")
     ap.add_argument("--patterns", default="A,KKKA,K", help="comma-separated layer patterns")
     ap.add_argument("--n_layer", type=bounded(int, 1), default=4)
     ap.add_argument("--n_embd", type=bounded(int, 1), default=256)

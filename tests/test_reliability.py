@@ -503,7 +503,8 @@ def test_every_script_has_help_and_shares_flag_names(script, monkeypatch, capsys
     ("experiments/attnres_compare.py", ["--lrs=1e-3,abc"], "argument --lrs: 'abc' is not a valid float"),
     ("experiments/hybrid.py", ["--seeds=101,-2"], "argument --seeds: -2 is outside"),
     ("experiments/muon_vs_adamw.py", ["--steps=0"], "argument --steps: 0 is outside"),
-    ("experiments/qk_clip.py", ["--taus=100,"], "argument --taus: '' is not a valid float"),
+    ("experiments/qk_clip.py", ["--taus=100,abc"], "argument --taus: 'abc' is not a valid float"),
+    ("experiments/hybrid.py", ["--lrs=,"], "argument --lrs: ',': give one or more comma-separated values"),
 ])
 def test_other_entry_points_check_their_flags_in_one_line(script, argv, expected, monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", [script] + argv)
