@@ -37,6 +37,7 @@ class Config:
     pattern: str = "A"               # repeated over the layers: A = softmax attention, K = KDA
     rope: str = "auto"               # auto | rope | nope; auto = RoPE unless the pattern has K layers
     rope_theta: float = 10000.0      # RoPE base
+    pos_emb: str = "none"            # none | learned: GPT-2's absolute position table, added to the embedding
     mlp_hidden: int = 0              # SwiGLU width; 0 = 8/3 * n_embd rounded up to a multiple of 64
     tie_embeddings: bool = False     # share the embedding matrix with the output head
     norm_eps: float = 1e-6           # RMSNorm epsilon
@@ -63,6 +64,7 @@ class Config:
             (self.residual in ("standard", "attnres_full", "attnres_block"),
              f"residual={self.residual!r}: use standard | attnres_full | attnres_block"),
             (self.rope in ("auto", "rope", "nope"), f"rope={self.rope!r}: use auto | rope | nope"),
+            (self.pos_emb in ("none", "learned"), f"pos_emb={self.pos_emb!r}: use none | learned"),
             (self.kda_gate in ("channel", "head", "safe"),
              f"kda_gate={self.kda_gate!r}: use channel (KDA) | head (Gated DeltaNet) | safe (bounded channel gate)"),
             (-math.inf < self.kda_gate_lower_bound < 0,
@@ -285,6 +287,8 @@ class GPT(nn.Module):
         super().__init__()
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        if config.pos_emb == "learned":
+            self.wpe = nn.Embedding(config.block_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config, kind) for kind in config.layer_kinds)
         if config.residual != "standard":
             block = None if config.residual == "attnres_full" else config.attnres_block_size
@@ -302,6 +306,8 @@ class GPT(nn.Module):
         # GPT-2's scheme for the parts defined here; KDA, AttnRes and vision initialise their own
         std = 0.02
         nn.init.normal_(self.wte.weight, std=std)
+        if self.config.pos_emb == "learned":
+            nn.init.normal_(self.wpe.weight, std=std)
         nn.init.normal_(self.lm_head.weight, std=std)
         for b in self.blocks:
             attention = [b.mixer.q_proj, b.mixer.k_proj, b.mixer.v_proj] if b.kind == "A" else []
@@ -342,6 +348,8 @@ class GPT(nn.Module):
             if not self.config.vision:
                 raise ValueError("images were given but the model was built with vision=False")
             x = self.vision(x, idx, images)
+        if self.config.pos_emb == "learned":
+            x = x + self.wpe(self._positions(T, caches, valid, idx.device))
         sublayers = []
         for i, block in enumerate(self.blocks):
             sublayers += block.sublayers(caches[i] if caches is not None else None, valid)
@@ -363,6 +371,17 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-1)
         return (logits, loss, weights) if return_weights else (logits, loss)
+
+    def _positions(self, T, caches, valid, device) -> torch.Tensor:
+        """[T] absolute positions of these tokens: 0.. in training, continuing the count when decoding."""
+        if caches is not None and valid is not None:
+            raise ValueError("pos_emb='learned' cannot decode padded chunks (valid=): rows would need their own positions")
+        start = caches[0].get("wpe_next", 0) if caches is not None else 0
+        if start + T > self.config.block_size:
+            raise ValueError(f"pos_emb='learned' has {self.config.block_size} positions; token {start + T} has none")
+        if caches is not None:
+            caches[0]["wpe_next"] = start + T
+        return torch.arange(start, start + T, device=device)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None,

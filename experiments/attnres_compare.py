@@ -15,6 +15,7 @@ compute difference) and the compute ratio: the tokens the standard residual need
 final loss, log-linear between its 1x and 2x final losses (a lower bound of 2 if block beats even 2x).
 
     nice python experiments/attnres_compare.py --jobs 2     # the README's table (~2 h on 2 cores)
+    nice python experiments/attnres_compare.py --jobs 2 --full --reuse   # + full AttnRes at 16 layers (~75 CPU-min)
     python experiments/attnres_compare.py --quick           # seconds (CI)
 
 Writes attnres_compare.{md,json,png} and heatmap_depth<D>.png (the paper's Fig. 8) under --out_dir.
@@ -156,6 +157,11 @@ def judge(judged: list, depths: list) -> list:
         rows.append((f"the gap holds over the second half ({d} layers; worst of {len(per_eval)} evals shown)", worst,
                      protocol.REPRODUCES if held == len(per_eval) and passed else protocol.DOES_NOT,
                      f"{held}/{len(per_eval)} evals beyond 2 SE"))
+        if (d, "attnres_full", steps) in final:      # the paper's ablation: 1.737 (full) vs 1.746 (block)
+            full = protocol.paired({s: r["final"] for s, r in final[(d, "attnres_full", steps)].items()},
+                                   {s: r["final"] for s, r in blk.items()})
+            rows.append((f"full AttnRes beats block AttnRes ({d} layers)", full, protocol.verdict(full, -1, passed),
+                         f"{full.holds(-1)}/{len(full.seeds)} seeds"))
         ratios = {s: compute_ratio(std[s]["final"], std2[s]["final"], blk[s]["final"]) for s in blk}
         ratio = protocol.paired(ratios, {s: 1.0 for s in ratios})
         rows.append((f"block saves compute: the standard residual needs x{ratio.mean_a:.3f} the tokens ({d} layers; "
@@ -179,6 +185,7 @@ def main():
     protocol.add_flags(ap, OUT, steps=1500, eval_every=100)
     ap.add_argument("--depths", type=bounded_list(int, 1, 256), default="4,16", help="layers (comma list); blocks of 2 sublayers at 4, 4 at 16")
     ap.add_argument("--lrs", type=bounded_list(float, 1e-12, 1e3), default="4e-3,8e-3,1.6e-2", help="each arm's lr grid, tried on --seed")
+    ap.add_argument("--full", action="store_true", help="also full AttnRes (every sublayer a source) at the deepest depth")
     ap.add_argument("--reuse", action="store_true", help="read finished runs from their result.json")
     args = ap.parse_args()
     lrs, seeds, depths = args.lrs, args.seeds, args.depths
@@ -192,7 +199,8 @@ def main():
                   n_embd=32 if args.quick else 64, block_size=32 if args.quick else 128, batch_size=2 if args.quick else 8,
                   grad_accum=1, vision_ratio=0.0, eval_iters=2 if args.quick else 16, sample_tokens=0,
                   optimizer="muonclip", threads=1, device="cpu")
-    arms = ["standard", "attnres_block"]
+    arms = ["standard", "attnres_block"] + ["attnres_full"] * args.full
+    tried = [(d, a) for d in depths for a in arms if a != "attnres_full" or d == max(depths)]
 
     def jobs(lr_of: dict, run_seeds: list, steps: int) -> list:   # longest runs first: two workers pack better
         return [dict(depth=d, arm=a, steps=steps, seed=s, lr=lr, common=common, eval_every=args.eval_every,
@@ -201,18 +209,23 @@ def main():
                 for lr in lr_of[(d, a)]]
 
     t0 = time.time()
-    tuned = protocol.run_jobs(run, jobs({(d, a): lrs for d in depths for a in arms}, [args.seed], args.steps), args.jobs)
+    tuned = protocol.run_jobs(run, jobs({k: lrs for k in tried}, [args.seed], args.steps), args.jobs)
     best = {(d, a): protocol.best_lr({r["lr"]: [r["final"]] for r in tuned if (r["depth"], r["arm"]) == (d, a)})
-            for d in depths for a in arms}
+            for d, a in tried}
     # a best lr on the grid's edge: one factor-2 step beyond it
     edge = {k: [v * (2 if v == max(lrs) else 0.5)] for k, v in best.items() if v in (min(lrs), max(lrs)) and not args.quick}
     tuned += protocol.run_jobs(run, jobs(edge, [args.seed], args.steps), args.jobs)
     best = {(d, a): protocol.best_lr({r["lr"]: [r["final"]] for r in tuned if (r["depth"], r["arm"]) == (d, a)})
-            for d in depths for a in arms}
+            for d, a in tried}
     control = {(d, "standard"): [best[(d, "standard")]] for d in depths}
     judged = protocol.run_jobs(run, jobs(control, seeds, 2 * args.steps) +
                                jobs({k: [v] for k, v in best.items()}, seeds, args.steps), args.jobs)
     report(args, common, tuned, best, judged, judge(judged, depths), time.time() - t0)
+
+
+def arms_at(depth: int, best: dict) -> list:
+    """(arm, step multiple) of the judged runs at one depth: the three of every depth, then full AttnRes if run."""
+    return [("standard", 1), ("attnres_block", 1), ("standard", 2)] + [("attnres_full", 1)] * ((depth, "attnres_full") in best)
 
 
 def report(args, common, tuned, best, judged, claims, seconds):
@@ -223,7 +236,7 @@ def report(args, common, tuned, best, judged, claims, seconds):
     os.makedirs(args.out_dir, exist_ok=True)
     fig, axes = plt.subplots(1, len(args.depths), figsize=(5.5 * len(args.depths), 4), squeeze=False)
     for ax, d in zip(axes[0], args.depths):
-        for i, (arm, mult) in enumerate((("standard", 1), ("attnres_block", 1), ("standard", 2))):
+        for i, (arm, mult) in enumerate(arms_at(d, best)):
             curves = [r["evals"] for r in judged if (r["depth"], r["arm"], r["steps"]) == (d, arm, mult * args.steps)]
             tokens = [t for _, t, _ in curves[0]]
             mean = [statistics.fmean(c[k][2] for c in curves) for k in range(len(tokens))]
@@ -247,7 +260,7 @@ def report(args, common, tuned, best, judged, claims, seconds):
              "| depth | arm | lr (tuning seed: final val per lr) | " + " | ".join(f"seed {s}" for s in args.seeds) +
              " | mean | embedding's weight (mean, min-max over reads) | tok/s |", "|---|---|---|" + "---|" * (len(args.seeds) + 3)]
     for d in args.depths:
-        for arm, mult in (("standard", 1), ("attnres_block", 1), ("standard", 2)):
+        for arm, mult in arms_at(d, best):
             rs = sorted((r for r in judged if (r["depth"], r["arm"], r["steps"]) == (d, arm, mult * args.steps)),
                         key=lambda r: r["seed"])
             grid = ", ".join(f"{r['lr']:g}: {r['final']:.4f}" for r in sorted(tuned, key=lambda r: r["lr"])

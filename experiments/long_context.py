@@ -1,108 +1,72 @@
-"""Long context in miniature: synthetic recall tasks that stress a finite recurrent state.
+"""Long context in miniature, judged by the protocol (experiments/protocol.py): Palindrome and MQAR sized
+to a small recurrent state.
 
-The claims (Kimi Linear, arXiv 2510.26692, §5.1 "synthetic tests"): on Palindrome, multi-query
-associative recall (MQAR) and Stack at lengths 256-2048, KDA's per-channel forget gate beats Gated
-DeltaNet's one gate per head, and the gap grows with length; a 3:1 hybrid with full attention keeps the
-exact recall that a fixed-size state loses.
+The claims (Kimi Linear, arXiv 2510.26692, §5.1): KDA's per-channel forget gate beats Gated DeltaNet's
+one gate per head on Palindrome and multi-query associative recall (MQAR), more so with length; and the
+3:1 hybrid keeps the exact recall a fixed-size state loses (its hybrid-ratio ablation).
 
-Tasks (numpy, generated on the fly, no downloads):
-  MQAR   n key-value pairs "k1 v1 k2 v2 ...", then the rest of the sequence repeats random pairs, and
-         the target at every repeated key is its value. n = T · pairs_frac, so longer sequences hold more
-         pairs than a small state (H heads of K×K per layer) can store exactly.
-  Stack  a stream of PUSH(symbol) and POP tokens (push with probability push_prob, so the stack deepens
-         with length); the target at a POP is the symbol it removes.
-  Palindrome  T/2 random symbols, a separator, then the same symbols in reverse order (teacher-forced):
-         the target at the separator and at every answer token is the next symbol of the reversed
-         sequence, so the whole first half must be held and read back last-in-first-out.
-Each model trains on a round-robin mix of the lengths (equal tokens per step) and is evaluated on a fixed
-held-out set at every length: accuracy = fraction of target positions predicted exactly.
+Tasks (numpy, generated on the fly):
+  Palindrome  L = T/2 random symbols, a separator, then the symbols reversed (teacher-forced); the targets
+              are the L answer tokens. T in {32, 64, 128}: L = 16-64, 1-4x what a 16-dim head stores.
+  MQAR        Zoology's layout: n key-value pairs, then queries: every later token is a key of the context
+              and its target is that key's value, which is never restated. 256 keys; n in {8, 16, 32, 48} at
+              T = 128, and a distractor variant at T = 256: 16 pairs, then 64-128 random filler tokens the
+              state must not let overwrite the pairs, then the queries.
+Experiments (each trains on a round-robin of its conditions, equal tokens per step, AdamW, cosine):
+  palindrome  arms K (KDA, channel gate) and K-head (Gated DeltaNet's head gate), KDA head dim 16; the
+              control: attention with learned absolute positions (A-abs), which finds the mirror position
+              2L-1-p that RoPE or NoPE attention would first have to compute.
+  mqar        arms K, K-head, KKKA (3:1 hybrid, NoPE attention) and A (RoPE attention, the control), KDA
+              head dim 8 so pure KDA saturates; parameters matched to K's through the MLP width.
+Each arm trains to a plateau (stop once the mean held-out accuracy has gained < 0.01 over the last 20% of
+the steps so far, at least 40% of --steps in, or every condition is >= 0.99), at its best lr of --lrs on the
+tuning seed, then once per judging seed (same data order across arms).
 
-Arms (model.py, same depth, width, heads, data order and steps; parameter counts in the table):
-  K        pure KDA (per-channel gate)         K-head   pure KDA with gate="head" (Gated DeltaNet)
-  K-safe   pure KDA with gate="safe" (the per-channel gate bounded below at -5, as Kimi K3 and fla's
-           chunk_kda safe gate)
-  A        full attention (RoPE)               KKKA     Kimi Linear's 3:1 hybrid (NoPE attention)
+    nice python experiments/long_context.py --jobs 2                 # the README's tables
+    python experiments/long_context.py --quick                       # seconds (CI)
 
-    python experiments/long_context.py --quick                 # seconds: tiny shapes (the test runs this)
-    nice python experiments/long_context.py                    # 600 steps × 1024 tokens, the README run:
-                                                               # 3 tasks × 5 arms, measured on a 2-core CPU,
-                                                               # 2026-12-04: wall 42.5 min (CPU 78.5 min);
-                                                               # 2 tasks × 4 arms took 14.2-26.8 min before
-    nice python experiments/long_context.py --arms=K,K-head --n_seeds=3 --tasks=mqar
-Writes out/long_context/long_context.{png,md,json}; state-size knobs: --head_dim, --n_head, --n_embd.
+Writes long_context_<exp>.{md,png} and long_context.json under --out_dir.
 """
 import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import time
+from dataclasses import asdict
 
 import numpy as np
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+import protocol  # noqa: E402
+from hybrid import matched_mlp_hidden  # noqa: E402
 from model import GPT, Config  # noqa: E402
+from runs import bounded_list  # noqa: E402
 
-ARMS = {  # name -> (pattern, kda_gate, label)
-    "K": ("K", "channel", "KDA (channel gate)"),
-    "K-head": ("K", "head", "head gate (Gated DeltaNet)"),
-    "K-safe": ("K", "safe", "KDA, safe gate (bound -5)"),
-    "A": ("A", "channel", "full attention (RoPE)"),
-    "KKKA": ("KKKA", "channel", "hybrid 3:1 KKKA (NoPE attn)"),
+OUT = os.path.join(ROOT, "out", "long_context")
+ARMS = {  # name -> (Config fields, label)
+    "K": (dict(pattern="K", kda_gate="channel"), "KDA (channel gate)"),
+    "K-head": (dict(pattern="K", kda_gate="head"), "Gated DeltaNet (head gate)"),
+    "KKKA": (dict(pattern="KKKA"), "hybrid 3:1 (NoPE attention)"),
+    "A": (dict(pattern="A"), "attention (RoPE)"),
+    "A-abs": (dict(pattern="A", rope="nope", pos_emb="learned"), "attention, learned positions"),
 }
-TASKS = ("mqar", "stack", "palindrome")
+N_SYMBOLS, N_KEYS, N_VALUES, N_FILLER = 16, 256, 16, 64
+LAYERS = {"palindrome": 2, "mqar": 4}   # 4 for the 3:1 hybrid; KDA's reference costs ~0.1 s per layer-step on one thread
+TOKENS_PER_STEP = 1024
 
 
-# -----------------------------------------------------------------------------------------------------
-# Tasks: each returns inputs [B, T] int64 and targets [B, T] int64 (-1 where no loss is taken)
-
-def mqar_batch(rng, B, T, n_pairs, n_keys, n_values):
-    """Multi-query associative recall. Vocabulary: 0 filler, 1..n_keys keys, then n_values values.
-
-    A sequence is T/2 "key value" slots: the first n_pairs slots state every pair once (the context), every
-    later slot repeats a random one of the pairs, and the target at each repeated key is its value. So
-    every token after the context is a query (dense supervision: it learns in hundreds of CPU steps,
-    where one query per pair at random filler positions, as in Zoology, needs thousands)."""
-    slots = T // 2
-    if n_pairs > n_keys or n_pairs >= slots:
-        raise ValueError(f"mqar: {n_pairs} pairs need n_keys >= {n_pairs} and T > {2 * n_pairs}, got "
-                         f"n_keys={n_keys}, T={T}")
-    inputs = np.zeros((B, T), dtype=np.int64)                          # an odd T leaves one filler at the end
-    targets = np.full((B, T), -1, dtype=np.int64)
-    for b in range(B):
-        keys = rng.choice(n_keys, size=n_pairs, replace=False) + 1
-        values = rng.integers(0, n_values, size=n_pairs) + 1 + n_keys
-        order = np.concatenate([rng.permutation(n_pairs), rng.integers(0, n_pairs, size=slots - n_pairs)])
-        inputs[b, 0:2 * slots:2], inputs[b, 1:2 * slots:2] = keys[order], values[order]
-        # predict the value at its key's position, for every slot after the context
-        targets[b, 2 * n_pairs:2 * slots:2] = values[order[n_pairs:]]
-    return inputs, targets
-
-
-def stack_batch(rng, B, T, n_symbols, push_prob):
-    """Stack. Vocabulary: 0 POP, 1..n_symbols PUSH(symbol). An empty stack always pushes."""
-    inputs = np.zeros((B, T), dtype=np.int64)
-    targets = np.full((B, T), -1, dtype=np.int64)
-    pushes = rng.random((B, T)) < push_prob
-    symbols = rng.integers(1, n_symbols + 1, size=(B, T))
-    for b in range(B):
-        stack = []
-        for t in range(T):
-            if pushes[b, t] or not stack:
-                stack.append(symbols[b, t])
-                inputs[b, t] = symbols[b, t]
-            else:
-                targets[b, t] = stack.pop()          # input stays 0 = POP
-    return inputs, targets
-
+# ----------------------------------------------------------------------------------------------------- tasks
+# each returns inputs [B, T] and targets [B, T] (int64; -1 where no loss is taken)
 
 def palindrome_batch(rng, B, T, n_symbols):
-    """Palindrome. Vocabulary: 0 separator, 1..n_symbols symbols. A sequence is L = T // 2 random symbols
-    s_1..s_L, the separator, then s_L..s_2 (the answer so far, teacher-forced); the target at the separator
-    is s_L and at each answer token the next one down to s_1. An odd T ends in one extra separator."""
+    """Vocabulary: 0 separator, 1..n_symbols symbols. s_1..s_L, the separator, then s_L..s_2 as inputs; the
+    targets at the separator and the answer tokens are s_L..s_1. An odd T ends in one extra separator."""
     L = T // 2
     if L < 1:
         raise ValueError(f"palindrome: T must be >= 2, got {T}")
@@ -116,318 +80,300 @@ def palindrome_batch(rng, B, T, n_symbols):
     return inputs, targets
 
 
-def make_task(name, args):
-    """(vocab size, batch(rng, B, T) -> (inputs, targets))."""
-    if name == "mqar":
-        def batch(rng, B, T):
-            return mqar_batch(rng, B, T, max(1, int(T * args.pairs_frac)), args.n_keys, args.n_values)
-        return 1 + args.n_keys + args.n_values, batch
-    if name == "stack":
-        return 1 + args.n_symbols, lambda rng, B, T: stack_batch(rng, B, T, args.n_symbols, args.push_prob)
-    if name == "palindrome":
-        return 1 + args.n_symbols, lambda rng, B, T: palindrome_batch(rng, B, T, args.n_symbols)
-    raise SystemExit(f"error: unknown task {name!r}; use {', '.join(TASKS)}")
+def mqar_batch(rng, B, T, n_pairs, n_keys, n_values, gap=(0, 0), n_filler=0):
+    """Zoology's layout. Vocabulary: 0 unused, 1..n_keys keys, then n_values values, then n_filler filler.
+    A row: k_1 v_1 .. k_n v_n, a gap of gap[0]..gap[1] filler tokens (drawn per row), then queries to the
+    end: keys of the context (each once before any repeats), the target at each its value."""
+    if n_pairs > n_keys or 2 * n_pairs + gap[1] >= T or gap[0] > gap[1] or (gap[1] and not n_filler):
+        raise ValueError(f"mqar: {n_pairs} pairs and a gap of {gap} need n_keys >= pairs, T > 2·pairs + gap and "
+                         f"filler tokens for a gap; got n_keys={n_keys}, T={T}, n_filler={n_filler}")
+    inputs = np.zeros((B, T), dtype=np.int64)
+    targets = np.full((B, T), -1, dtype=np.int64)
+    for b in range(B):
+        keys = rng.choice(n_keys, size=n_pairs, replace=False) + 1
+        values = rng.integers(0, n_values, size=n_pairs) + 1 + n_keys
+        inputs[b, 0:2 * n_pairs:2], inputs[b, 1:2 * n_pairs:2] = keys, values
+        start = 2 * n_pairs + int(rng.integers(gap[0], gap[1] + 1))
+        inputs[b, 2 * n_pairs:start] = rng.integers(0, n_filler, size=start - 2 * n_pairs) + 1 + n_keys + n_values
+        n_queries = T - start
+        order = np.concatenate([rng.permutation(n_pairs), rng.integers(0, n_pairs, size=max(0, n_queries - n_pairs))])
+        inputs[b, start:], targets[b, start:] = keys[order[:n_queries]], values[order[:n_queries]]
+    return inputs, targets
 
 
-# -----------------------------------------------------------------------------------------------------
-# Training and evaluation
+def conditions(exp: str, quick: bool) -> dict:
+    """{name: (T, batch(rng, B) -> (inputs, targets))}: what an experiment trains on and reports."""
+    if exp == "palindrome":
+        return {f"T={T}": (T, lambda rng, B, T=T: palindrome_batch(rng, B, T, N_SYMBOLS))
+                for T in ((16, 32) if quick else (32, 64, 128))}
+    T, gap_T = (32, 64) if quick else (128, 256)
+    out = {f"{n} pairs": (T, lambda rng, B, n=n: mqar_batch(rng, B, T, n, N_KEYS, N_VALUES))
+           for n in ((2, 4, 8) if quick else (2, 4, 8, 16, 32, 48))}
+    gap = (8, 16) if quick else (64, 128)
+    out[f"16 pairs, gap {gap[0]}-{gap[1]}"] = (gap_T, lambda rng, B: mqar_batch(rng, B, gap_T, 16 if not quick else 4,
+                                                                                 N_KEYS, N_VALUES, gap, N_FILLER))
+    return out
 
-def build(arm, vocab, args):
-    pattern, gate, _ = ARMS[arm]
-    cfg = Config(vocab_size=vocab, block_size=max(args.lengths), n_layer=args.n_layer, n_head=args.n_head,
-                 n_embd=args.n_embd, pattern=pattern, kda_gate=gate, kda_n_head=args.n_head,
-                 kda_head_dim=args.head_dim, backend="auto")
-    return GPT(cfg)
+
+def train_batch(exp, conds, rng, step, tokens):
+    """Round-robin: palindrome one length per step; MQAR the T=128 pair counts together, then the gap rows."""
+    items = list(conds.values())
+    if exp == "palindrome":
+        T, fn = items[(step - 1) % len(items)]
+        return fn(rng, max(1, tokens // T))
+    if step % 2:
+        T = items[0][0]
+        per = max(1, tokens // T // (len(items) - 1))
+        parts = [fn(rng, per) for _, fn in items[:-1]]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    T, fn = items[-1]
+    return fn(rng, max(1, tokens // T))
+
+
+# ------------------------------------------------------------------------------------------------ training
+
+def model_config(exp: str, arm: str, quick: bool) -> Config:
+    fields, _ = ARMS[arm]
+    width, layers = (32, 2) if quick else (64, LAYERS[exp])
+    vocab = 1 + N_SYMBOLS if exp == "palindrome" else 1 + N_KEYS + N_VALUES + N_FILLER
+    base = dict(vocab_size=vocab, block_size=max(T for T, _ in conditions(exp, quick).values()), n_layer=layers,
+                n_head=4, n_embd=width, kda_head_dim=16 if exp == "palindrome" else 8, backend="auto",
+                tie_embeddings=True)
+    if exp == "mqar" and arm != "K":          # parameters matched to pure KDA's through the SwiGLU width
+        every_field = {**asdict(Config(**base, **fields)), "vision_ratio": 0.0}      # train.py's defaults differ
+        base["mlp_hidden"] = matched_mlp_hidden(every_field, GPT(Config(**base, pattern="K")).num_params(), cuda=False)
+    return Config(**base, **fields)
 
 
 @torch.no_grad()
-def accuracy(model, evalset, batch_size):
-    """Fraction of target positions whose argmax is the target, per length."""
+def evaluate(model, evalset: dict) -> dict:
+    """{condition: (accuracy over target tokens, [accuracy at each target index within a row])}."""
     model.eval()
     out = {}
-    for T, (inputs, targets) in evalset.items():
-        hits = total = 0
-        for i in range(0, len(inputs), batch_size):
-            x, y = torch.from_numpy(inputs[i:i + batch_size]), torch.from_numpy(targets[i:i + batch_size])
-            logits, _ = model(x)                                             # [b, T, vocab]
-            mask = y >= 0
-            hits += (logits.argmax(-1)[mask] == y[mask]).sum().item()
-            total += mask.sum().item()
-        out[T] = hits / total
+    for name, (inputs, targets) in evalset.items():
+        logits, _ = model(torch.from_numpy(inputs))                       # [N, T, vocab]
+        y = torch.from_numpy(targets)
+        right = (logits.argmax(-1) == y) & (y >= 0)                       # [N, T]
+        where = (y >= 0).float()
+        per_pos = right.float().sum(0)[where.sum(0) > 0] / where.sum(0)[where.sum(0) > 0]
+        out[name] = (right.sum().item() / where.sum().item(), per_pos.tolist())
     model.train()
     return out
 
 
-def train_arm(arm, task, vocab, batch_fn, evalset, seed, args):
+def plateaued(curve: list, cap: int) -> bool:
+    """Every condition solved, or the mean accuracy gained < 0.01 over the last 20% of the steps so far."""
+    step, mean = curve[-1]["step"], curve[-1]["mean"]
+    if min(curve[-1]["acc"].values()) >= 0.99:
+        return True
+    earlier = [c["mean"] for c in curve if c["step"] <= 0.8 * step]
+    return step >= 0.4 * cap and bool(earlier) and mean - earlier[-1] < 0.01
+
+
+def run(exp: str, arm: str, seed: int, lr: float, steps: int, eval_every: int, out_root: str, quick: bool,
+        reuse: bool = False) -> dict:
+    """One arm on one seed at one lr, to a plateau or `steps` -> its accuracy curve and final accuracies."""
+    saved = os.path.join(out_root, exp, arm, f"seed{seed}_lr{lr:g}_steps{steps}", "result.json")
+    if reuse and os.path.exists(saved):
+        with open(saved) as f:
+            print(f"[{exp} {arm} seed {seed} lr {lr:g}] reused {saved}", flush=True)
+            return json.load(f)
+    t0 = time.time()
+    conds, cfg = conditions(exp, quick), model_config(exp, arm, quick)
+    eval_rng = np.random.default_rng([12345, len(exp)])                   # the same held-out rows for every run
+    evalset = {name: fn(eval_rng, 8 if quick else 32) for name, (T, fn) in conds.items()}
     torch.manual_seed(seed)
-    model = build(arm, vocab, args)
-    # no weight decay on gains, biases and KDA's A_log / dt_bias (1-D parameters)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
+    model = GPT(cfg)
+    decay = [p for p in model.parameters() if p.dim() >= 2]               # no decay on gains, biases, A_log, dt_bias
     no_decay = [p for p in model.parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW([dict(params=decay, weight_decay=args.weight_decay),
-                             dict(params=no_decay, weight_decay=0.0)], lr=args.lr, betas=(0.9, 0.98))
-    warmup = max(1, args.steps // 20)
-    rng = np.random.default_rng([seed, 1])        # the same data order for every arm of this seed
-    curve, t0 = [], time.time()
-    for step in range(1, args.steps + 1):
-        lr = args.lr * (step / warmup if step <= warmup else
-                        0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, args.steps - warmup))))
-        for group in opt.param_groups:
-            group["lr"] = lr
-        T = args.lengths[(step - 1) % len(args.lengths)]                  # round-robin over lengths
-        inputs, targets = batch_fn(rng, max(1, args.tokens_per_step // T), T)
-        _, loss = model(torch.from_numpy(inputs), torch.from_numpy(targets))
+    opt = torch.optim.AdamW([dict(params=decay, weight_decay=0.01), dict(params=no_decay, weight_decay=0.0)],
+                            lr=lr, betas=(0.9, 0.98))
+    rng, warmup, tokens = np.random.default_rng([seed, 1]), max(1, steps // 20), 256 if quick else TOKENS_PER_STEP
+    curve = []
+    for step in range(1, steps + 1):
+        for group in opt.param_groups:                                    # warmup, then cosine to 0.1 lr
+            group["lr"] = lr * (step / warmup if step <= warmup else
+                                0.1 + 0.45 * (1 + math.cos(math.pi * (step - warmup) / max(1, steps - warmup))))
+        inputs, targets = train_batch(exp, conds, rng, step, tokens)
+        _, loss = model(torch.from_numpy(inputs), torch.from_numpy(targets), loss_only=True)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
-        if step % args.eval_every == 0 or step == args.steps:
-            acc = accuracy(model, evalset, args.eval_batch)
-            curve.append(dict(step=step, loss=loss.item(), acc=acc, seconds=time.time() - t0))
-            print(f"[{task} {arm} seed {seed}] step {step:4d} loss {loss.item():.3f} acc " +
-                  " ".join(f"T{T}={a:.3f}" for T, a in acc.items()) + f" ({time.time() - t0:.0f}s)", flush=True)
-    return dict(arm=arm, task=task, seed=seed, n_params=model.num_params(), curve=curve,
-                final=curve[-1]["acc"], seconds=time.time() - t0)
-
-
-# -----------------------------------------------------------------------------------------------------
-# Report
-
-def summarise(runs, tasks, arms, lengths):
-    """(task, arm) -> dict(mean {T: acc}, per-seed list, params, seconds)."""
-    table = {}
-    for task in tasks:
-        for arm in arms:
-            rs = [r for r in runs if r["task"] == task and r["arm"] == arm]
-            if not rs:                         # --report_only before every run has finished
-                continue
-            table[task, arm] = dict(
-                mean={T: float(np.mean([r["final"][T] for r in rs])) for T in lengths},
-                seeds=[r["final"] for r in rs], params=rs[0]["n_params"],
-                seconds=float(np.mean([r["seconds"] for r in rs])))
-    return table
-
-
-def write_report(runs, args, out_dir, device, wall):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    table = summarise(runs, args.tasks, args.arms, args.lengths)
-    fig, axes = plt.subplots(len(args.tasks), 2, figsize=(11, 3.8 * len(args.tasks)), squeeze=False)
-    longest = max(args.lengths)
-    for row, task in enumerate(args.tasks):
-        ax, bx = axes[row]
-        for i, arm in enumerate(args.arms):
-            color, label = f"C{i}", ARMS[arm][2]
-            rs = [r for r in runs if r["task"] == task and r["arm"] == arm]
-            if not rs:
-                continue
-            for r in rs:                                                      # one faint line per seed
-                ax.plot(args.lengths, [r["final"][T] for T in args.lengths], color=color, alpha=0.25, lw=1)
-                bx.plot([c["step"] for c in r["curve"]], [c["acc"][longest] for c in r["curve"]],
-                        color=color, alpha=0.25 if len(rs) > 1 else 1, lw=1)
-            ax.plot(args.lengths, [table[task, arm]["mean"][T] for T in args.lengths], marker="o", color=color,
-                    label=label)
-            if len(rs) > 1:
-                steps = [c["step"] for c in rs[0]["curve"]]
-                mean = np.mean([[c["acc"][longest] for c in r["curve"]] for r in rs], axis=0)
-                bx.plot(steps, mean, color=color, lw=2, label=label)
-            else:
-                bx.lines[-1].set_label(label)
-        extra = {"mqar": f", pairs = {args.pairs_frac:g}·T", "stack": f", push p = {args.push_prob:g}",
-                 "palindrome": f", T/2 symbols of {args.n_symbols}"}[task]
-        ax.set_xscale("log", base=2), ax.set_xticks(args.lengths, [str(T) for T in args.lengths])
-        ax.set_xlabel("sequence length T" + extra), ax.set_ylabel("accuracy")
-        ax.set_title(f"{task.upper()}: accuracy vs length after {args.steps} steps")
-        bx.set_xlabel("training step"), bx.set_ylabel(f"accuracy at T = {longest}")
-        bx.set_title(f"{task.upper()}: accuracy vs steps")
-        chance = 1 / (args.n_values if task == "mqar" else args.n_symbols)
-        for a in (ax, bx):
-            a.axhline(chance, color="gray", ls="--", lw=1, label="chance" if a is ax else None)
-            a.set_ylim(-0.02, 1.02), a.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.suptitle(f"{args.n_layer} layers, d={args.n_embd}, {args.n_head} heads × head dim {args.head_dim} "
-                 f"({device}); {len(set(r['seed'] for r in runs))} seed(s)", fontsize=10)
-    fig.tight_layout()
-    png = os.path.join(out_dir, "long_context.png")
-    fig.savefig(png, dpi=110)
-    plt.close(fig)
-
-    n_seeds = len(set(r["seed"] for r in runs))
-    wall_label = "Sum of the runs' times" if args.report_only else "Total wall time"
-    lines = [f"Long-context synthetic tasks on {device}: {args.n_layer} layers, d={args.n_embd}, {args.n_head} "
-             f"heads, head dim {args.head_dim} (KDA state {args.n_head}×{args.head_dim}×{args.head_dim} per layer), "
-             f"{args.steps} steps × {args.tokens_per_step} tokens (lengths {', '.join(map(str, args.lengths))} "
-             f"round-robin), AdamW lr {args.lr:g}, {n_seeds} seed(s) from {args.seed}; accuracy on "
-             f"{args.eval_samples} held-out sequences per length, mean over seeds (per-seed values in brackets "
-             f"when several). {wall_label} {wall / 60:.1f} min.", ""]
-    for task in args.tasks:
-        desc = {"mqar": f"MQAR: {args.pairs_frac:g}·T key-value pairs ({', '.join(str(max(1, int(T * args.pairs_frac))) for T in args.lengths)}), "
-                        f"{args.n_keys} keys, {args.n_values} values",
-                "stack": f"Stack: {args.n_symbols} symbols, push probability {args.push_prob:g}",
-                "palindrome": f"Palindrome: T/2 random symbols of {args.n_symbols}, then reversed (chance "
-                              f"{1 / args.n_symbols:.4f})"}[task]
-        lines += [f"**{desc}**", "",
-                  "| arm | non-embedding params | " + " | ".join(f"acc T={T}" for T in args.lengths) + " | wall s per run |",
-                  "|---|---|" + "---|" * len(args.lengths) + "---|"]
-        for arm in args.arms:
-            if (task, arm) not in table:
-                lines.append(f"| {ARMS[arm][2]} `{arm}` | – | " + " | ".join("not run" for _ in args.lengths) + " | – |")
-                continue
-            row = table[task, arm]
-            cells = []
-            for T in args.lengths:
-                cell = f"{row['mean'][T]:.3f}"
-                if n_seeds > 1:
-                    cell += " [" + ", ".join(f"{s[T]:.2f}" for s in row["seeds"]) + "]"
-                cells.append(cell)
-            lines.append(f"| {ARMS[arm][2]} `{arm}` | {row['params']:,} | " + " | ".join(cells) +
-                         f" | {row['seconds']:.0f} |")
-        if task == "stack":
-            base = last_push_baseline(make_evalset("stack", args))
-            lines.append("| memoryless guess: the last pushed symbol | – | " +
-                         " | ".join(f"{base[T]:.3f}" for T in args.lengths) + " | – |")
-        lines.append("")
-    md = os.path.join(out_dir, "long_context.md")
-    with open(md, "w") as f:
-        f.write("\n".join(lines))
-    with open(os.path.join(out_dir, "long_context.json"), "w") as f:
-        json.dump(dict(args=vars(args), device=device, wall_s=wall,
-                       runs=[{**r, "final": {str(T): a for T, a in r["final"].items()},
-                              "curve": [{**c, "acc": {str(T): a for T, a in c["acc"].items()}} for c in r["curve"]]}
-                             for r in runs]), f)
-    print("\n".join(lines))
-    print(f"wrote {png} and {md}")
-    return png, md
-
-
-def parse_args(argv=None):
-    ap = argparse.ArgumentParser(description="MQAR, Stack and Palindrome vs length: KDA (channel, head and "
-                                             "safe gates), full attention, 3:1 hybrid",
-                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="tiny shapes and a few steps (seconds), for the test")
-    # defaults sized for a 2-core CPU: in a probe (K, MQAR, 1 seed) MQAR took off only after ~250 steps
-    # and reached 0.86 / 0.62 / 0.38 at T = 128 / 256 / 512 by step 600 (at lr 6e-3 it never left chance)
-    ap.add_argument("--steps", type=int, default=600, help="optimizer steps per arm (equal for every arm)")
-    ap.add_argument("--seed", type=int, default=0, help="first seed (model init and data order)")
-    ap.add_argument("--n_seeds", type=int, default=1, help="seeds seed, seed+1, ... per arm")
-    ap.add_argument("--out_dir", default=os.path.join(ROOT, "out", "long_context"), help="where outputs go")
-    ap.add_argument("--threads", type=int, default=1, help="CPU threads for torch, per process")
-    ap.add_argument("--report_only", action="store_true",
-                    help="write the figure and table from the runs already saved under out_dir/runs")
-    ap.add_argument("--jobs", type=int, default=2, help="runs trained in parallel processes (one per core)")
-    ap.add_argument("--tasks", default=",".join(TASKS), help="comma-separated from " + ", ".join(TASKS))
-    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated from " + ", ".join(ARMS))
-    ap.add_argument("--lengths", default="128,256,512", help="sequence lengths, trained round-robin")
-    ap.add_argument("--tokens_per_step", type=int, default=1024, help="batch size = this // T")
-    ap.add_argument("--eval_every", type=int, default=50, help="steps between held-out evaluations")
-    ap.add_argument("--eval_samples", type=int, default=32, help="held-out sequences per length")
-    ap.add_argument("--eval_batch", type=int, default=32, help="sequences per evaluation forward")
-    # state-size knobs: KDA's state is n_head × head_dim × head_dim per layer
-    ap.add_argument("--n_layer", type=int, default=4)
-    ap.add_argument("--n_embd", type=int, default=64)
-    ap.add_argument("--n_head", type=int, default=4, help="heads of KDA and attention")
-    ap.add_argument("--head_dim", type=int, default=16, help="KDA head dim (attention's is n_embd // n_head)")
-    ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--weight_decay", type=float, default=0.01)
-    # task knobs
-    # T/16 pairs: 8, 16, 32 at T = 128, 256, 512, i.e. half, once and twice the 16 keys a head of dim 16 can
-    # hold orthogonal (T/8 stayed at chance in the 300-step run of 2026-12-03)
-    ap.add_argument("--pairs_frac", type=float, default=0.0625, help="MQAR key-value pairs per token of length")
-    ap.add_argument("--n_keys", type=int, default=64, help="MQAR key vocabulary (>= the most pairs)")
-    ap.add_argument("--n_values", type=int, default=16, help="MQAR value vocabulary (chance = 1/n_values)")
-    ap.add_argument("--n_symbols", type=int, default=16, help="Stack and Palindrome alphabet")
-    ap.add_argument("--push_prob", type=float, default=0.6, help="Stack: > 0.5 deepens the stack with length")
-    args = ap.parse_args(argv)
-    if args.quick:
-        args.steps, args.lengths, args.tokens_per_step = min(args.steps, 6), "32,64", 256
-        args.eval_every, args.eval_samples, args.n_embd, args.head_dim = 3, 8, 32, 8
-        args.n_keys = args.n_values = 16
-        args.jobs = 1
-    args.tasks = [t for t in args.tasks.split(",") if t]
-    args.arms = [a for a in args.arms.split(",") if a]
-    args.lengths = sorted(int(T) for T in args.lengths.split(","))
-    for arm in args.arms:
-        if arm not in ARMS:
-            raise SystemExit(f"error: unknown arm {arm!r}; use {', '.join(ARMS)}")
-    for task in args.tasks:
-        if task not in TASKS:
-            raise SystemExit(f"error: unknown task {task!r}; use {', '.join(TASKS)}")
-    return args
-
-
-def make_evalset(task, args):
-    """{T: (inputs, targets)}: the held-out sequences, from their own random stream."""
-    _, batch_fn = make_task(task, args)
-    eval_rng = np.random.default_rng([12345, ord(task[0])])
-    return {T: batch_fn(eval_rng, args.eval_samples, T) for T in args.lengths}
-
-
-def last_push_baseline(evalset):
-    """Stack accuracy of a memoryless guess, the most recently pushed symbol (right whenever a POP follows
-    a PUSH): what a model must beat to show that it tracks the stack."""
-    out = {}
-    for T, (inputs, targets) in evalset.items():
-        last = np.maximum.accumulate(np.where(inputs > 0, np.arange(T), 0), axis=1)   # index of the last push
-        guess = np.take_along_axis(inputs, last, axis=1)
-        mask = targets >= 0
-        out[T] = float((guess[mask] == targets[mask]).mean())
+        if step % eval_every == 0 or step == steps:
+            result = evaluate(model, evalset)
+            acc = {name: a for name, (a, _) in result.items()}
+            curve.append(dict(step=step, loss=loss.item(), acc=acc, mean=statistics.fmean(acc.values())))
+            print(f"[{exp} {arm} seed {seed} lr {lr:g}] step {step} loss {loss.item():.3f} " +
+                  " ".join(f"{k}: {a:.3f}" for k, a in acc.items()) + f" ({time.time() - t0:.0f}s)", flush=True)
+            if plateaued(curve, steps):
+                break
+    out = dict(exp=exp, arm=arm, seed=seed, lr=lr, cap=steps, steps=curve[-1]["step"], curve=curve,
+               final=curve[-1]["acc"], mean=curve[-1]["mean"], per_position={k: p for k, (_, p) in result.items()},
+               n_params=model.num_params(), mlp_hidden=cfg.mlp_hidden, seconds=time.time() - t0)
+    os.makedirs(os.path.dirname(saved), exist_ok=True)
+    with open(saved, "w") as f:
+        json.dump(out, f)
     return out
 
 
-def unit_path(args, task, arm, seed):
-    return os.path.join(args.out_dir, "runs", f"{task}_{arm}_seed{seed}.json")
+def area_under_curve(r: dict, eval_every: int) -> float:
+    """Mean accuracy (over conditions) along the eval grid up to the cap, the last value carried past a stop."""
+    means = [c["mean"] for c in r["curve"]]
+    n = r["cap"] // eval_every
+    return statistics.fmean(means + [means[-1]] * (n - len(means))) if n > len(means) else statistics.fmean(means)
 
 
-def run_unit(task, arm, seed, args):
-    """One (task, arm, seed) training run; self-contained so that worker processes can run it. Each
-    finished run is saved at once, so --report_only can write the report from whatever has finished."""
-    torch.set_num_threads(args.threads)
-    vocab, batch_fn = make_task(task, args)
-    run = train_arm(arm, task, vocab, batch_fn, make_evalset(task, args), seed, args)
-    os.makedirs(os.path.dirname(unit_path(args, task, arm, seed)), exist_ok=True)
-    with open(unit_path(args, task, arm, seed), "w") as f:
-        json.dump(run, f)
-    return run
+def steps_to(r: dict, cond: str, level: float = 0.5):
+    return next((c["step"] for c in r["curve"] if c["acc"][cond] >= level), None)
 
 
-def load_unit(path):
-    """A saved run, with its length keys back to ints (JSON keys are strings)."""
-    with open(path) as f:
-        run = json.load(f)
-    run["final"] = {int(T): a for T, a in run["final"].items()}
-    for c in run["curve"]:
-        c["acc"] = {int(T): a for T, a in c["acc"].items()}
-    return run
+# --------------------------------------------------------------------------------------------------- verdicts
+
+def judge(exp: str, judged: list, names: list, eval_every: int) -> list:
+    """The claims of one experiment, each a row: (claim, Paired, verdict, where it holds)."""
+    by = {}
+    for r in judged:
+        by.setdefault(r["arm"], {})[r["seed"]] = r
+
+    def acc(arm, cond):
+        return {s: r["final"][cond] for s, r in by[arm].items()}
+
+    def mean_of(arm, conds):
+        return {s: statistics.fmean(r["final"][c] for c in conds) for s, r in by[arm].items()}
+
+    rows = []
+
+    def row(claim, p, sign, passed):
+        rows.append((claim, p, protocol.verdict(p, sign, passed), f"{p.holds(sign)}/{len(p.seeds)} seeds"))
+
+    def control(arm, cond):
+        level = statistics.fmean(acc(arm, cond).values())
+        passed = level >= 0.9
+        rows.append((f"control: {arm} reaches 0.9 at {cond} (mean {level:.3f})", protocol.paired(acc(arm, cond), {s: 0.9 for s in acc(arm, cond)}),
+                     "passed" if passed else "FAILED", f"{sum(a >= 0.9 for a in acc(arm, cond).values())}/{len(acc(arm, cond))} seeds"))
+        return passed
+
+    if exp == "palindrome":
+        passed = control("A-abs", names[0])
+        row("KDA's channel gate beats the head gate (K - K-head, mean over lengths)",
+            protocol.paired(mean_of("K", names), mean_of("K-head", names)), +1, passed)
+        for cond in names:
+            row(f"... at {cond}", protocol.paired(acc("K", cond), acc("K-head", cond)), +1, passed)
+        gap = {c: protocol.paired(acc("K", c), acc("K-head", c)) for c in (names[0], names[-1])}
+        row(f"the gap grows with length (gap at {names[-1]} - gap at {names[0]})",
+            protocol.paired(dict(zip(gap[names[-1]].seeds, gap[names[-1]].diffs)), dict(zip(gap[names[0]].seeds, gap[names[0]].diffs))),
+            +1, passed)
+        return rows
+    recall, distract, over = names[:-2], names[-1], names[-2]
+    passed = control("A", names[0])
+    row(f"KDA's channel gate beats the head gate (K - K-head, mean over {', '.join(recall)})",
+        protocol.paired(mean_of("K", recall), mean_of("K-head", recall)), +1, passed)
+    auc = {arm: {s: area_under_curve(r, eval_every) for s, r in by[arm].items()} for arm in ("K", "K-head")}
+    row("... in area under the accuracy curve (mean over conditions)", protocol.paired(auc["K"], auc["K-head"]), +1, passed)
+    row(f"... with distractors ({distract})", protocol.paired(acc("K", distract), acc("K-head", distract)), +1,
+        control("A", distract))
+    gate = control("A", over)
+    row(f"the 3:1 hybrid beats pure KDA over capacity (KKKA - K at {over})", protocol.paired(acc("KKKA", over), acc("K", over)), +1, gate)
+    row(f"... at {names[-3]}", protocol.paired(acc("KKKA", names[-3]), acc("K", names[-3])), +1, gate)
+    return rows
 
 
-def main(argv=None):
-    args = parse_args(argv)
-    torch.set_num_threads(args.threads)
+def report(args, exp, names, tuned, best, judged, claims):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    arms = list(best)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    hardest = names[-1] if exp == "palindrome" else names[-2]
+    for i, arm in enumerate(arms):
+        rs = sorted((r for r in judged if r["arm"] == arm), key=lambda r: r["seed"])
+        label = f"{arm}: {ARMS[arm][1]}, lr {best[arm]:g}"
+        for r in rs:
+            axes[0].plot(range(len(names)), [r["final"][c] for c in names], color=f"C{i}", alpha=0.3, lw=1)
+            axes[1].plot([c["step"] for c in r["curve"]], [c["acc"][hardest] for c in r["curve"]], color=f"C{i}",
+                         alpha=0.6, lw=1, label=label if r is rs[0] else None)
+        axes[0].plot(range(len(names)), [statistics.fmean(r["final"][c] for r in rs) for c in names], marker="o",
+                     color=f"C{i}", label=label)
+        pos = np.mean([r["per_position"][hardest] for r in rs], axis=0)
+        axes[2].plot(range(len(pos)), pos, color=f"C{i}", label=arm)
+    axes[0].set_xticks(range(len(names)), names, fontsize=7)
+    axes[0].set_title(f"{exp}: plateau accuracy (mean line, seeds faint)", fontsize=9)
+    axes[1].set_title(f"{exp}: accuracy at {hardest} vs step, each judging seed", fontsize=9)
+    axes[1].set_xlabel("step")
+    axes[2].set_title(f"{exp}: accuracy by answer index at {hardest} (0 = first target), mean of seeds", fontsize=9)
+    axes[2].set_xlabel("target index in the row")
+    for ax in axes:
+        ax.set_ylim(-0.02, 1.02), ax.grid(alpha=0.3)
+        ax.axhline(1 / (N_SYMBOLS if exp == "palindrome" else N_VALUES), color="gray", ls="--", lw=1)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    png = os.path.join(args.out_dir, f"long_context_{exp}.png")
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+    cfg = model_config(exp, "K", args.quick)
+    lines = [f"{exp}: CPU, one thread per run, {args.jobs} side by side; {cfg.n_layer} layers, width {cfg.n_embd}, "
+             f"{cfg.n_head} heads, KDA head dim {cfg.kda_head_dim}; AdamW, cosine, cap {args.steps} steps of {TOKENS_PER_STEP} "
+             f"tokens, stopped at a plateau; lr grid {', '.join(f'{x:g}' for x in args.lrs)} on tuning seed "
+             f"{args.seed}; judging seeds {', '.join(map(str, args.seeds))}; "
+             f"{sum(r['seconds'] for r in tuned + judged) / 60:.0f} CPU-minutes in the runs.", "",
+             "| arm | params (non-emb.) | lr (tuning seed: mean acc per lr) | " + " | ".join(names) +
+             " | steps run | steps to 0.5 at " + hardest + " |", "|---|---|---|" + "---|" * (len(names) + 2)]
+    for arm in arms:
+        rs = sorted((r for r in judged if r["arm"] == arm), key=lambda r: r["seed"])
+        grid = ", ".join(f"{r['lr']:g}: {r['mean']:.3f}" for r in sorted(tuned, key=lambda r: r["lr"]) if r["arm"] == arm)
+        cells = [f"{statistics.fmean(r['final'][c] for r in rs):.3f} (" + " / ".join(f"{r['final'][c]:.2f}" for r in rs) + ")"
+                 for c in names]
+        reach = [steps_to(r, hardest) for r in rs]
+        lines.append(f"| {arm} | {rs[0]['n_params']:,} | **{best[arm]:g}** ({grid}) | " + " | ".join(cells) +
+                     f" | {' / '.join(str(r['steps']) for r in rs)} | {' / '.join(str(x) if x else 'never' for x in reach)} |")
+    lines += ["", "| claim | paired difference (mean ± SE) | holds in | verdict |", "|---|---|---|---|"]
+    for claim, p, v, holds in claims:
+        lines.append(f"| {claim} | {p} | {holds} | **{v}** |")
+    with open(os.path.join(args.out_dir, f"long_context_{exp}.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return png
+
+
+def main():
+    ap = argparse.ArgumentParser(description="Palindrome and MQAR: KDA's channel gate vs the head gate, the 3:1 hybrid "
+                                 "vs pure KDA over capacity, each arm at its best lr, judged on seeds apart",
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    protocol.add_flags(ap, OUT, steps=3000, eval_every=100)
+    ap.add_argument("--exps", default="palindrome,mqar", help="experiments (comma list): palindrome, mqar")
+    ap.add_argument("--lrs", type=bounded_list(float, 1e-12, 1e3), default="1e-3,3e-3,1e-2", help="each arm's lr grid, tried on --seed")
+    ap.add_argument("--reuse", action="store_true", help="read finished runs from their result.json")
+    args = ap.parse_args()
+    protocol.check_seeds(args)
+    args.exps = [e for e in args.exps.split(",") if e]
+    if not args.exps or set(args.exps) - {"palindrome", "mqar"}:
+        raise SystemExit(f"error: --exps={','.join(args.exps)}: use palindrome and/or mqar (comma list)")
+    if args.quick:
+        args.steps, args.eval_every, args.lrs, args.seeds, args.jobs = 4, 2, args.lrs[:2], args.seeds[:2], 1
+    torch.set_num_threads(1)
     os.makedirs(args.out_dir, exist_ok=True)
-    device = f"CPU, {args.jobs} process(es) × {args.threads} thread(s)"
-    t0 = time.time()
-    if args.report_only:
-        # the runs saved so far; arms and tasks with no finished run are left out of the report
-        runs = [load_unit(unit_path(args, task, arm, seed)) for task in args.tasks for arm in args.arms
-                for seed in range(args.seed, args.seed + args.n_seeds)
-                if os.path.exists(unit_path(args, task, arm, seed))]
-        if not runs:
-            raise SystemExit(f"error: no saved runs under {os.path.join(args.out_dir, 'runs')}")
-        args.tasks = [t for t in args.tasks if any(r["task"] == t for r in runs)]
-        args.arms = [a for a in args.arms if any(r["arm"] == a for r in runs)]
-        return write_report(runs, args, args.out_dir, device, sum(r["seconds"] for r in runs))
-    units = [(task, arm, seed) for task in args.tasks for seed in range(args.seed, args.seed + args.n_seeds)
-             for arm in args.arms]
-    if args.jobs > 1:
-        # the runs are independent: one process per core beats torch's threads on these tiny matmuls
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor
-        with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            runs = list(pool.map(run_unit, *zip(*units), [args] * len(units)))
-    else:
-        runs = [run_unit(task, arm, seed, args) for task, arm, seed in units]
-    return write_report(runs, args, args.out_dir, device, time.time() - t0)
+    everything = {}
+    for exp in args.exps:
+        arms = ["A-abs", "K", "K-head"] if exp == "palindrome" else ["A", "K", "K-head", "KKKA"]
+        names = list(conditions(exp, args.quick))
+
+        def jobs(lr_of, seeds):
+            return [dict(exp=exp, arm=a, seed=s, lr=lr, steps=args.steps, eval_every=args.eval_every,
+                         out_root=args.out_dir, quick=args.quick, reuse=args.reuse)
+                    for s in seeds for a in arms for lr in lr_of[a]]
+
+        tuned = protocol.run_jobs(run, jobs({a: args.lrs for a in arms}, [args.seed]), args.jobs)
+        best = {a: protocol.best_lr({r["lr"]: [r["mean"]] for r in tuned if r["arm"] == a}, lower_is_better=False)
+                for a in arms}
+        judged = protocol.run_jobs(run, jobs({a: [best[a]] for a in arms}, args.seeds), args.jobs)
+        claims = judge(exp, judged, names, args.eval_every)
+        report(args, exp, names, tuned, best, judged, claims)
+        everything[exp] = dict(tuned=tuned, best=best, judged=judged,
+                               claims=[dict(claim=c, paired=vars(p), verdict=v, holds=h) for c, p, v, h in claims])
+    with open(os.path.join(args.out_dir, "long_context.json"), "w") as f:
+        json.dump(everything, f)
 
 
 if __name__ == "__main__":

@@ -56,13 +56,13 @@ def test_run_jobs_keeps_order_in_two_processes():
     assert protocol.run_jobs(_square, jobs, processes=2) == protocol.run_jobs(_square, jobs) == [0, 1, 4, 9, 16]
 
 
-@pytest.mark.parametrize("script,claims", [("hybrid.py", 2), ("qk_clip.py", 3), ("muon_vs_adamw.py", 1),
-                                            ("attnres_compare.py", 9)])
-def test_judged_experiments_quick_runs_write_their_verdicts(script, claims, tmp_path, monkeypatch):
+@pytest.mark.parametrize("script,extra,claims", [("hybrid.py", [], 2), ("qk_clip.py", [], 3), ("muon_vs_adamw.py", [], 1),
+                                                  ("attnres_compare.py", [], 9), ("attnres_compare.py", ["--full"], 10)])
+def test_judged_experiments_quick_runs_write_their_verdicts(script, extra, claims, tmp_path, monkeypatch):
     # the whole protocol in seconds: tuning runs, judging runs on seeds apart, a verdict row per claim
     import runpy
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    monkeypatch.setattr(sys, "argv", [script, "--quick", f"--out_dir={tmp_path}"])
+    monkeypatch.setattr(sys, "argv", [script, "--quick", f"--out_dir={tmp_path}"] + extra)
     runpy.run_path(os.path.join(root, "experiments", script), run_name="__main__")
     table = (tmp_path / script.replace(".py", ".md")).read_text()
     verdicts = [line for line in table.splitlines() if line.endswith(("**reproduces** |", "**does not reproduce** |"))]
