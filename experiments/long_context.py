@@ -138,7 +138,7 @@ def model_config(exp: str, arm: str, quick: bool) -> Config:
     vocab = 1 + N_SYMBOLS if exp == "palindrome" else 1 + N_KEYS + N_VALUES + N_FILLER
     base = dict(vocab_size=vocab, block_size=max(T for T, _ in conditions(exp, quick).values()), n_layer=layers,
                 n_head=4, n_embd=width, kda_head_dim=16 if exp == "palindrome" else 8, backend="auto",
-                tie_embeddings=True)
+                tie_embeddings=exp == "mqar")     # MQAR's answer is a copy of a context token: tied, it starts closer
     if exp == "mqar" and arm != "K":          # parameters matched to pure KDA's through the SwiGLU width
         every_field = {**asdict(Config(**base, **fields)), "vision_ratio": 0.0}      # train.py's defaults differ
         base["mlp_hidden"] = matched_mlp_hidden(every_field, GPT(Config(**base, pattern="K")).num_params(), cuda=False)
