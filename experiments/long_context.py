@@ -23,6 +23,7 @@ the steps so far, at least 40% of --steps in, or every condition is >= 0.99), at
 tuning seed, then once per judging seed (same data order across arms).
 
     nice python experiments/long_context.py --jobs 2                 # the README's tables
+    nice python experiments/long_context.py --exps mqar --arms A --lrs 1e-3 --pilot   # one arm, tuning seed only
     python experiments/long_context.py --quick                       # seconds (CI)
 
 Writes long_context_<exp>.{md,png} and long_context.json under --out_dir.
@@ -337,6 +338,17 @@ def report(args, exp, names, tuned, best, judged, claims):
     return png
 
 
+def pilot_table(args, exp, names, tuned):
+    """long_context_<exp>_pilot.md: each tuning run's final accuracies, steps run and seconds."""
+    lines = [f"{exp} pilot: tuning seed {args.seed}, cap {args.steps} steps of {TOKENS_PER_STEP} tokens, one thread", "",
+             "| arm | lr | " + " | ".join(names) + " | steps run | seconds |", "|---|---|" + "---|" * (len(names) + 2)]
+    lines += [f"| {r['arm']} | {r['lr']:g} | " + " | ".join(f"{r['final'][c]:.3f}" for c in names) +
+              f" | {r['steps']} | {r['seconds']:.0f} |" for r in tuned]
+    with open(os.path.join(args.out_dir, f"long_context_{exp}_pilot.md"), "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main():
     ap = argparse.ArgumentParser(description="Palindrome and MQAR: KDA's channel gate vs the head gate, the 3:1 hybrid "
                                  "vs pure KDA over capacity, each arm at its best lr, judged on seeds apart",
@@ -344,6 +356,8 @@ def main():
     protocol.add_flags(ap, OUT, steps=3000, eval_every=100)
     ap.add_argument("--exps", default="palindrome,mqar", help="experiments (comma list): palindrome, mqar")
     ap.add_argument("--lrs", type=bounded_list(float, 1e-12, 1e3), default="1e-3,3e-3,1e-2", help="each arm's lr grid, tried on --seed")
+    ap.add_argument("--arms", default="", help="a subset of the experiment's arms (comma list; default all)")
+    ap.add_argument("--pilot", action="store_true", help="only the tuning seed's runs and a table of them: no verdicts")
     ap.add_argument("--reuse", action="store_true", help="read finished runs from their result.json")
     args = ap.parse_args()
     protocol.check_seeds(args)
@@ -357,6 +371,10 @@ def main():
     everything = {}
     for exp in args.exps:
         arms = ["A-abs", "K", "K-head"] if exp == "palindrome" else ["A", "K", "K-head", "KKKA"]
+        if args.arms:
+            if set(args.arms.split(",")) - set(arms):
+                raise SystemExit(f"error: --arms={args.arms}: {exp}'s arms are {', '.join(arms)}")
+            arms = [a for a in arms if a in args.arms.split(",")]
         names = list(conditions(exp, args.quick))
 
         def jobs(lr_of, seeds):
@@ -367,13 +385,17 @@ def main():
         tuned = protocol.run_jobs(run, jobs({a: args.lrs for a in arms}, [args.seed]), args.jobs)
         best = {a: protocol.best_lr({r["lr"]: [r["mean"]] for r in tuned if r["arm"] == a}, lower_is_better=False)
                 for a in arms}
+        if args.pilot:
+            pilot_table(args, exp, names, tuned)
+            continue
         judged = protocol.run_jobs(run, jobs({a: [best[a]] for a in arms}, args.seeds), args.jobs)
         claims = judge(exp, judged, names, args.eval_every)
         report(args, exp, names, tuned, best, judged, claims)
         everything[exp] = dict(tuned=tuned, best=best, judged=judged,
                                claims=[dict(claim=c, paired=vars(p), verdict=v, holds=h) for c, p, v, h in claims])
-    with open(os.path.join(args.out_dir, "long_context.json"), "w") as f:
-        json.dump(everything, f)
+    if everything:
+        with open(os.path.join(args.out_dir, "long_context.json"), "w") as f:
+            json.dump(everything, f)
 
 
 if __name__ == "__main__":

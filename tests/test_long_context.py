@@ -179,3 +179,12 @@ def test_decode_cost_quick_run_measures_every_pattern(tmp_path):
     assert by["A", 256]["cache_bytes"] > 3 * by["A", 64]["cache_bytes"]      # grows with the context
     assert by["KKKA", 256]["cache_bytes"] < by["A", 256]["cache_bytes"] / 2
     assert all(r["ms_median"] > 0 for r in rows)
+
+
+def test_long_context_pilot_runs_one_arm_on_the_tuning_seed_only(tmp_path, monkeypatch):
+    import runpy
+    monkeypatch.setattr(sys, "argv", ["long_context.py", "--quick", "--exps=mqar", "--arms=A", "--pilot", f"--out_dir={tmp_path}"])
+    runpy.run_path(os.path.join(ROOT, "experiments", "long_context.py"), run_name="__main__")
+    rows = [line for line in (tmp_path / "long_context_mqar_pilot.md").read_text().splitlines() if line.startswith("| A |")]
+    assert len(rows) == 2 and not (tmp_path / "long_context.json").exists()      # one row per lr, no verdicts
+    assert {p.name for p in (tmp_path / "mqar" / "A").iterdir()} == {"seed1337_lr0.001_steps4", "seed1337_lr0.003_steps4"}
