@@ -302,8 +302,8 @@ def report(args, exp, names, tuned, best, judged, claims):
     axes[0].set_title(f"{exp}: plateau accuracy (mean line, seeds faint)", fontsize=9)
     axes[1].set_title(f"{exp}: accuracy at {hardest} vs step, each judging seed", fontsize=9)
     axes[1].set_xlabel("step")
-    axes[2].set_title(f"{exp}: accuracy by answer index at {hardest} (0 = first target), mean of seeds", fontsize=9)
-    axes[2].set_xlabel("target index in the row")
+    axes[2].set_title(f"{exp}: accuracy by target index at {hardest}, mean of seeds", fontsize=9)
+    axes[2].set_xlabel("target index in the row (palindrome: 0 = the symbol just before the separator)")
     for ax in axes:
         ax.set_ylim(-0.02, 1.02), ax.grid(alpha=0.3)
         ax.axhline(1 / (N_SYMBOLS if exp == "palindrome" else N_VALUES), color="gray", ls="--", lw=1)
