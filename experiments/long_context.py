@@ -166,7 +166,8 @@ def evaluate(model, evalset: dict) -> dict:
 
 
 def plateaued(curve: list, cap: int) -> bool:
-    """Every condition solved, or the mean accuracy gained < 0.01 over the last 20% of the steps so far."""
+    """Every condition solved, or (from 40% of the cap on) the mean accuracy gained < 0.01 over the last 20%
+    of the steps so far."""
     step, mean = curve[-1]["step"], curve[-1]["mean"]
     if min(curve[-1]["acc"].values()) >= 0.99:
         return True
@@ -224,8 +225,7 @@ def run(exp: str, arm: str, seed: int, lr: float, steps: int, eval_every: int, o
 def area_under_curve(r: dict, eval_every: int) -> float:
     """Mean accuracy (over conditions) along the eval grid up to the cap, the last value carried past a stop."""
     means = [c["mean"] for c in r["curve"]]
-    n = r["cap"] // eval_every
-    return statistics.fmean(means + [means[-1]] * (n - len(means))) if n > len(means) else statistics.fmean(means)
+    return statistics.fmean(means + [means[-1]] * max(0, r["cap"] // eval_every - len(means)))
 
 
 def steps_to(r: dict, cond: str, level: float = 0.5):
@@ -264,10 +264,10 @@ def judge(exp: str, judged: list, names: list, eval_every: int) -> list:
             protocol.paired(mean_of("K", names), mean_of("K-head", names)), +1, passed)
         for cond in names:
             row(f"... at {cond}", protocol.paired(acc("K", cond), acc("K-head", cond)), +1, passed)
-        gap = {c: protocol.paired(acc("K", c), acc("K-head", c)) for c in (names[0], names[-1])}
+        def gap(cond):                                                    # K - K-head, seed by seed
+            return {s: by["K"][s]["final"][cond] - by["K-head"][s]["final"][cond] for s in by["K"]}
         row(f"the gap grows with length (gap at {names[-1]} - gap at {names[0]})",
-            protocol.paired(dict(zip(gap[names[-1]].seeds, gap[names[-1]].diffs)), dict(zip(gap[names[0]].seeds, gap[names[0]].diffs))),
-            +1, passed)
+            protocol.paired(gap(names[-1]), gap(names[0])), +1, passed)
         return rows
     distract, over = names[-1], names[-2]                                 # the gap rows; the most pairs
     recall = [c for c in names[:-2] if int(c.split()[0]) >= 8]             # 8, 16, 32 pairs: the issue's range
