@@ -5,7 +5,7 @@ Kimi K2.5 (arXiv 2602.02276, section 3): one trained orchestrator, frozen sub-ag
 slowest sub-agent's steps). Here a `model.GPT` (2 layers, width 64) writes its calls as tokens:
 
     <bos> <task> FAMILY W |    prompt: lookup (wide) | chain (deep), items 0..W-1
-    <create> ROLE              researcher | fact-checker | coder; agents are named a0, a1, ...
+    <create> ROLE M            M sub-agents of ROLE (researcher | fact-checker | coder), named a0, a1, ...
     <assign> aK N, <self> N    aK (or the orchestrator, a step per tool call) takes the next N open items
     <wait>                     gather the stage; reply [<res> aK N ... @ T]: facts per launch, the clock
     <answer>                   submit ([<end>]: budget or context ran out, [<err>]: malformed; both score 0)
@@ -72,7 +72,8 @@ class Episode:
             self.calls.append(call)
             kind = call[0]
             if kind == "create":
-                env.create(call[1])
+                for _ in range(call[2]):
+                    env.create(call[1])
             elif kind == "assign" and not env.assign(*call[1:]):
                 words = None                # no step left to launch it
             elif kind == "wait":

@@ -179,7 +179,7 @@ def summarize(results: list) -> dict:
         rs = [r for r in results if kind == "all" or task_kind(r["task"]) == kind]
         assigned = sum(r["n_assigned"] + r["n_idle"] for r in rs)
         for key, name in (("f1", "f1"), ("success", "success"), ("critical", "critical"), ("total", "total"),
-                          ("n_created", "agents"), ("answered", "answered")):
+                          ("n_created", "agents"), ("n_idle", "idle"), ("answered", "answered")):
             if rs and key in rs[0]:
                 out[f"{kind}_{name}"] = float(np.mean([r[key] for r in rs]))
         if rs:
@@ -325,7 +325,7 @@ def decompose_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()
     counts = [bounds[i + 1] - bounds[i] for i in range(k)]
     if k > 1 and rng.random() < 0.25:           # one trace in four leaves the last count out
         counts.pop()
-    calls = [("create", r) for r in roles] + [("assign", i, c) for i, c in enumerate(counts)] + [("wait",)]
+    calls = [("create", roles[0], n)] + [("assign", i, c) for i, c in enumerate(counts)] + [("wait",)]
     session = Session(task, cfg)
     for r in roles:
         session.create(r)

@@ -3,9 +3,11 @@
     specials   <pad> <bos> <task> lookup chain | <create> researcher fact-checker coder <assign> <self>
                <wait> <answer> <res> me @ <end> <err>
     agents     a0 .. a15            the names create_subagent gives, in order
-    numbers    0 .. 48              item counts, task widths, fact counts, the clock
+    numbers    0 .. 48              agent and item counts, task widths, fact counts, the clock
 
-A call is ("create", role) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",). A count takes
+A call is ("create", role, m) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",). `<create> ROLE m`
+makes m sub-agents at once (m create_subagent calls in one step), so how many to spawn is one choice
+the orchestrator makes having read the task's width, not a run of tokens it has to count. A count takes
 the next n open items (not found, not out in the open stage, in index order), so sub-agents never
 overlap. `CallParser` reads tokens one at a time: `legal()` is the decoding mask, `feed()` returns each
 finished call or raises ProtocolError with the reason.
@@ -18,7 +20,7 @@ TOK = {s: i for i, s in enumerate(VOCAB)}
 PAD = TOK["<pad>"]
 ROLE_TOKENS = ("researcher", "fact-checker", "coder")
 ENV_ONLY = ("<bos>", "<task>", "lookup", "chain", "|", "<res>", "me", "@", "<end>", "<err>", "<pad>")
-ARGS = {"<create>": ("role",), "<assign>": ("agent", "count"), "<self>": ("count",), "<wait>": (),
+ARGS = {"<create>": ("role", "agents"), "<assign>": ("agent", "count"), "<self>": ("count",), "<wait>": (),
         "<answer>": ()}                         # each call's argument slots
 CALLS = tuple(ARGS)
 PROMPT_LEN = 5                                  # <bos> <task> FAMILY W |
@@ -41,7 +43,7 @@ def tok_agent(t: int) -> int | None:
 
 
 def encode_call(call: tuple) -> list:
-    """("create", role) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",) -> token ids."""
+    """("create", role, m) | ("assign", k, n) | ("self", n) | ("wait",) | ("answer",) -> token ids."""
     head = f"<{call[0]}>"
     if head not in ARGS or len(call) != 1 + len(ARGS[head]):
         raise ValueError(f"unknown call {call!r}")
@@ -96,6 +98,8 @@ class CallParser:
             return [TOK[r] for r in ROLE_TOKENS]
         if slot == "agent":
             return [TOK[f"a{k}"] for k in range(self.n_created) if k not in self.busy]
+        if slot == "agents":
+            return [num_tok(m) for m in range(1, self.max_agents - self.n_created + 1)]   # up to the cap
         return [num_tok(n) for n in range(1, min(self.open, MAX_NUM) + 1)]      # a count of open items
 
     def feed(self, t: int):
@@ -113,7 +117,7 @@ class CallParser:
         kind, self.partial = VOCAB[p[0]][1:-1], []
         call = (kind,) + tuple(VOCAB[x] if VOCAB[x] in ROLE_TOKENS else int(VOCAB[x].lstrip("a")) for x in p[1:])
         if kind == "create":
-            self.n_created += 1
+            self.n_created += call[2]
         elif kind == "assign":
             self.busy.add(call[1])
             self.open -= call[2]
@@ -143,6 +147,9 @@ class CallParser:
         if slot == "agent":
             return f"{where}: " + (f"unknown agent a{k} (created: {self.n_created})" if k >= self.n_created
                                    else f"a{k} is already busy in this stage")
+        if slot == "agents":
+            return f"{where}: " + ("expected a number of agents" if n is None else
+                                   f"a number of agents must be 1..{self.max_agents - self.n_created}, got {n}")
         if n is None:
             return f"{where}: expected an item count"
         return f"{where}: a count must be 1..{self.open} (the items open), got {n}"

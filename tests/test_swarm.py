@@ -1,6 +1,9 @@
 """Tests for the Agent Swarm: the runtime (swarm_runtime.py), the environment (swarm_env.py), and the LM
 orchestrator with its token protocol and PARL (swarm.py). CPU only; well under a minute in all."""
 import concurrent.futures as cf
+import json
+import math
+import os
 import random
 import time
 
@@ -14,6 +17,8 @@ from swarm_helpers import action_logprobs, from_text, parse_calls, serial_trace,
 from swarm_protocol import MAX_NUM, ROLE_TOKENS, TOK, VOCAB, ProtocolError, encode_call, render, tok_num
 from swarm_env import ROLES, EnvConfig, item_f1, make_task, sample_tasks, scripted_worker, subtask
 from swarm_runtime import Stage, SubagentRun, SwarmRuntime, Trace, run_subagent
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _counting_worker(system_prompt, task):
@@ -242,7 +247,7 @@ def _split_calls(task, n, role="researcher"):
     """n sub-agents of one role, the items cut into n near-equal counts, one wait, answer."""
     W = task["width"]
     k = min(n, W)
-    return [("create", role)] * k + [("assign", i, W // k + (i < W % k)) for i in range(k)] + [("wait",), ("answer",)]
+    return [("create", role, k)] + [("assign", i, W // k + (i < W % k)) for i in range(k)] + [("wait",), ("answer",)]
 
 
 def test_a_hand_written_parallel_episode_beats_the_best_serial_one_under_the_budgets():
@@ -309,8 +314,8 @@ def test_protocol_round_trips_render_and_parse():
         for _ in range(rng.randint(1, 12)):
             kind = rng.choice(["create", "assign", "self", "wait"])
             if kind == "create" and n < 16:
-                calls.append(("create", rng.choice(ROLE_TOKENS)))
-                n += 1
+                calls.append(("create", rng.choice(ROLE_TOKENS), rng.randint(1, 16 - n)))
+                n += calls[-1][2]
             elif kind == "assign" and len(busy) < n and left:
                 k = rng.choice([i for i in range(n) if i not in busy])
                 calls.append(("assign", k, rng.randint(1, left)))
@@ -331,17 +336,20 @@ def test_protocol_round_trips_render_and_parse():
 
 @pytest.mark.parametrize("text, message", [
     ("<assign> a0 1", "no free agent"),
-    ("<create> researcher <assign> a1 1", "unknown agent a1"),
-    ("<create> researcher <assign> a0 1 <assign> a0 2", "no free agent"),
-    ("<create> coder <create> coder <assign> a0 1 <assign> a0", "a0 is already busy"),
+    ("<create> researcher 1 <assign> a1 1", "unknown agent a1"),
+    ("<create> researcher 1 <assign> a0 1 <assign> a0 2", "no free agent"),
+    ("<create> coder 2 <assign> a0 1 <assign> a0", "a0 is already busy"),
     ("<self> 0", "a count must be 1..5"),
     ("<self> 9", "got 9"),
-    ("<create> coder <create> coder <assign> a0 3 <assign> a1 3", "a count must be 1..2"),
-    ("<create> coder <create> coder <assign> a0 5 <assign>", "<assign> with no open item"),
+    ("<create> coder 1 <create> coder 1 <assign> a0 3 <assign> a1 3", "a count must be 1..2"),
+    ("<create> coder 2 <assign> a0 5 <assign>", "<assign> with no open item"),
     ("<self> 5 <self>", "<self> with no open item"),
     ("<create> 7", "expected a role"),
+    ("<create> coder 12 <create> coder 5", "a number of agents must be 1..4, got 5"),
+    ("<create> coder 16 <create>", "already 16 agents"),
+    ("<create> coder <assign>", "expected a number of agents"),
     ("<wait>", "nothing assigned"),
-    ("<create> researcher <assign> a0 1 <self> 2", "<wait> for them first"),
+    ("<create> researcher 1 <assign> a0 1 <self> 2", "<wait> for them first"),
     ("3 <answer>", "expected a call"),
     ("<res> me 2", "written by the environment"),
 ])
@@ -354,12 +362,12 @@ def test_malformed_calls_cost_the_episode_not_the_process(text, message):
     assert message in ep["error"] and ep["tokens"][-1] == TOK["<err>"]
     assert ep["f1"] == 0.0 and ep["answer"] == {} and not ep["answered"]
     with pytest.raises(ProtocolError, match="ends inside a call"):
-        parse_calls(from_text("<create> researcher <assign> a0"), width=5)
+        parse_calls(from_text("<create> researcher 2 <assign> a0"), width=5)
 
 
 def test_a_scripted_token_stream_drives_the_runtime_to_the_same_trace_as_the_api():
     task = make_task(random.Random(11), "lookup", 14)
-    calls = ([("create", "researcher")] * 3 + [("create", "coder")]
+    calls = ([("create", "researcher", 3), ("create", "coder", 1)]
              + [("assign", 0, 5), ("assign", 1, 5), ("assign", 3, 4), ("wait",)]       # the coder's 4 come back open
              + [("assign", 2, 2), ("wait",), ("self", 2), ("answer",)])
     ep = play(task, _stream(calls))
@@ -450,7 +458,7 @@ def test_batched_episodes_equal_per_episode_decoding():
 def test_parl_loss_masks_prompt_and_environment_tokens():
     model = _tiny_model()
     task = make_task(random.Random(4), "lookup", 6)
-    calls = [("create", "researcher"), ("create", "researcher"), ("assign", 0, 3), ("assign", 1, 3),
+    calls = [("create", "researcher", 2), ("assign", 0, 3), ("assign", 1, 3),
              ("wait",), ("answer",)]
     ep = play(task, _stream(calls))
     env = [i for i, a in enumerate(ep["is_action"]) if not a]
@@ -576,3 +584,48 @@ def test_session_hands_out_open_items_by_count_and_rejects_bad_counts():
     s2.create("researcher")
     with pytest.raises(ValueError, match=r"count of 1\.\.7 .*got 8"):
         s2.assign(0, 8)
+
+
+# --- the multi-seed claims (experiments/swarm_parl.py): seed-paired, on records worked by hand --------
+
+def _record(parl_need, parl_f1, single_f1, outcome_wide, fixed_idle, outcome_idle, parl_idle, serial_need=36):
+    arm = lambda need, **summary: {"need": {"0.5": None, "0.7": need, "0.9": None}, "summary": summary}  # noqa: E731
+    return {"serial, no budget": arm(serial_need),
+            "single agent": arm(None, wide_f1=single_f1, wide_agents=0.0, narrow_idle=0.0),
+            "outcome only": arm(36, wide_f1=0.7, wide_agents=outcome_wide, narrow_idle=outcome_idle),
+            "outcome + fixed r_parallel": arm(11, wide_f1=1.0, wide_agents=16.0, narrow_idle=fixed_idle),
+            "PARL, annealed": arm(parl_need, wide_f1=parl_f1, wide_agents=16.0, narrow_idle=parl_idle)}
+
+
+def test_swarm_claims_are_seed_paired_comparisons_with_verdicts():
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, "experiments"))
+    import swarm_parl
+    records = {6: _record(12, 1.0, 0.70, 0.0, 15.0, 0.0, 2.0), 7: _record(10, 1.0, 0.65, 0.0, 14.0, 1.0, 1.0),
+               8: _record(None, 0.6, 0.68, 2.0, 15.0, 15.0, 15.0)}        # seed 8: PARL never reaches F1 0.7
+    rows = [(what.split(",")[0], p, sign, v) for _, what, p, sign, v in swarm_parl.claims(records)]
+    assert [r[0] for r in rows] == ["critical steps to wide F1 0.7", "wide item-F1", "sub-agents per wide task",
+                                    "idle sub-agents per narrow task", "idle sub-agents per narrow task"]
+    (_, saving, s1, v1), (_, quality, s2, v2), (_, collapse, s3, v3), (_, breeds, s4, v4), (_, avoids, s5, v5) = rows
+    assert saving.diffs == [12 - 36, 10 - 36, 41 - 36] and saving.holds(s1) == 2   # never reached: budget 40 + 1
+    assert saving.diff == pytest.approx(-15) and saving.se == pytest.approx(math.sqrt(301 / 3))
+    assert v1 == v2 == "does not reproduce"        # -15 is within 2 SE (20.0); the saving row needs both parts
+    assert quality.diffs == pytest.approx([0.30, 0.35, -0.08])
+    assert collapse.diffs == [-16.0, -16.0, -14.0] and collapse.holds(s3) == 3 and v3 == "reproduces"
+    assert breeds.diffs == [15.0, 13.0, 0.0] and breeds.holds(s4) == 2 and v4 == "does not reproduce"
+    assert avoids.diffs == [-13.0, -13.0, 0.0] and avoids.holds(s5) == 2
+    table = swarm_parl.claims_table(records)
+    assert "(judging seeds)" in table and table.count("**reproduces**") + table.count("**does not reproduce**") == 5
+    assert "tuning seeds [3]" in swarm_parl.claims_table({3: records[6], 6: records[7]})
+
+
+def test_swarm_parl_quick_run_writes_the_claims_table(tmp_path, monkeypatch):
+    import runpy
+    import sys
+    monkeypatch.setattr(sys, "argv", ["swarm_parl.py", "--quick", f"--out_dir={tmp_path}"])
+    runpy.run_path(os.path.join(ROOT, "experiments", "swarm_parl.py"), run_name="__main__")
+    table = (tmp_path / "table.md").read_text()
+    assert table.count("**reproduces**") + table.count("**does not reproduce**") == 5, table
+    records = json.loads((tmp_path / "records.json").read_text())
+    assert sorted(records["seeds"]) == ["6", "7"] and records["hp"]["n_eval"] == 9
+    assert (tmp_path / "training.png").stat().st_size > 0
