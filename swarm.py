@@ -10,10 +10,10 @@ slowest sub-agent's steps). Here a `model.GPT` (2 layers, width 64) writes its c
     <wait>                     gather the stage; reply [<res> aK N ... @ T]: facts per launch, the clock
     <answer>                   submit ([<end>]: budget or context ran out, [<err>]: malformed; both score 0)
 
-SFT on scripted traces (9 in 10 a single agent, 1 in 10 a decomposition blind to the task), then PARL,
+SFT on scripted traces (19 in 20 a single agent, 1 in 20 a decomposition blind to the task), then PARL,
 100 updates of 8 tasks x K = 8 samples, MuonClip:
 
-    r = lambda1 r_parallel + lambda2 r_finish + r_perf,   lambda_i(u) = lambda_i0 max(0, 1 - u / (0.6 U))
+    r = lambda1 r_parallel + lambda2 r_finish + r_perf,   lambda_i(u) = lambda_i0 (1 - u / U): 0 at the end
     r_parallel = min(n_created, 16) / 16,   r_finish = n_finished / (n_assigned + n_idle)
     r_perf = mean over B in 10..40 of item-F1(facts arrived by critical step B)
     A = (r - group mean) / group std,   loss = -sum_e A_e sum_t log p / n_orchestrator_tokens - 0.01 H
@@ -214,7 +214,7 @@ def sft_loss(model: GPT, episodes: list, serial_prior: float = 0.97, arg_prior: 
 # --- 3. PARL: reward, lambda schedule, group-relative advantages, the two training stages ----------
 
 
-def lambda_schedule(update: int, total_updates: int, init: float, anneal_frac: float | None = 0.6) -> float:
+def lambda_schedule(update: int, total_updates: int, init: float, anneal_frac: float | None = 1.0) -> float:
     """lambda(u) = init * max(0, 1 - u / (anneal_frac * U)); anneal_frac None = constant init."""
     if anneal_frac is None:
         return init
@@ -254,7 +254,7 @@ class Arm(NamedTuple):
     anneal_frac: float | None = None    # None: the lambdas stay constant
 
 
-def make_arms(lambda1: float = 0.2, lambda2: float = 1.0, anneal_frac: float = 0.6) -> dict:
+def make_arms(lambda1: float = 0.2, lambda2: float = 1.0, anneal_frac: float = 1.0) -> dict:
     return {"single agent": Arm(False),
             "outcome only": Arm(True),
             "outcome + fixed r_parallel": Arm(True, lambda1),
@@ -273,7 +273,7 @@ def _step(opt, loss: torch.Tensor) -> float:
 
 
 def train_sft(model: GPT, tasks: list, steps: int, batch: int = 32, lr: float = 3e-3, serial_prior: float = 0.97,
-              decomp_frac: float = 0.1, seed: int = 0, log=None) -> list:
+              decomp_frac: float = 0.05, seed: int = 0, log=None) -> list:
     """Stage (a): SFT on single-agent traces, decomp_frac of them decompositions; the loss per step."""
     rng = random.Random(seed)
     traces = [play(t, encode_calls(decompose_calls(t, rng) if rng.random() < decomp_frac else serial_calls(t, rng)))
@@ -315,7 +315,7 @@ def train_parl(model: GPT, tasks: list, updates: int, arm: Arm, tasks_per_update
 
 
 def warm_start(seed: int = 0, sft_steps: int = 250, sft_lr: float = 3e-3, serial_prior: float = 0.97,
-               decomp_frac: float = 0.1, n_eval: int = 60, cfg: EnvConfig = EnvConfig(), log=None) -> tuple:
+               decomp_frac: float = 0.05, n_eval: int = 60, cfg: EnvConfig = EnvConfig(), log=None) -> tuple:
     """A seed's SFT model, losses, 600 train tasks and n_eval held-out ones (1/3 narrow, wide, deep)."""
     torch.manual_seed(seed)
     train_tasks = sample_tasks(random.Random(seed), 600, cfg=cfg)
@@ -327,7 +327,7 @@ def warm_start(seed: int = 0, sft_steps: int = 250, sft_lr: float = 3e-3, serial
 
 
 def train_arms(seed: int = 0, sft_steps: int = 250, steps: int = 100, tasks_per_update: int = 8, group_size: int = 8,
-               lr: float = 3e-3, sft_lr: float = 3e-3, serial_prior: float = 0.97, decomp_frac: float = 0.1,
+               lr: float = 3e-3, sft_lr: float = 3e-3, serial_prior: float = 0.97, decomp_frac: float = 0.05,
                entropy_coef: float = 0.01, arms: dict = ARMS, n_eval: int = 60, cfg: EnvConfig = EnvConfig(),
                log=None) -> tuple:
     """SFT once, PARL per arm from it, greedy eval: ({arm: {model, eval, summary, history}}, SFT losses)."""
