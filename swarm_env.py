@@ -318,17 +318,17 @@ def decompose_calls(task: dict, rng: random.Random, cfg: EnvConfig = EnvConfig()
     items cut near-equally (3 in 4) or at random, one trace in four leaving the last count out (an idle
     agent); after the wait, the missing items done alone, then answer."""
     W, n = task["width"], rng.randint(2, cfg.max_agents)
-    roles = ["researcher" if rng.random() < 0.8 else rng.choice(list(ROLES))] * n
+    role = "researcher" if rng.random() < 0.8 else rng.choice(list(ROLES))
     k = min(n, W)
     cuts = [i * W // k for i in range(1, k)] if rng.random() < 0.75 else sorted(rng.sample(range(1, W), k - 1))
     bounds = [0] + cuts + [W]
     counts = [bounds[i + 1] - bounds[i] for i in range(k)]
     if k > 1 and rng.random() < 0.25:           # one trace in four leaves the last count out
         counts.pop()
-    calls = [("create", roles[0], n)] + [("assign", i, c) for i, c in enumerate(counts)] + [("wait",)]
+    calls = [("create", role, n)] + [("assign", i, c) for i, c in enumerate(counts)] + [("wait",)]
     session = Session(task, cfg)
-    for r in roles:
-        session.create(r)
+    for _ in range(n):
+        session.create(role)
     for i, c in enumerate(counts):
         session.assign(i, c)
     session.wait()

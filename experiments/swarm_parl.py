@@ -19,6 +19,7 @@ sub-agents' timeline.
 """
 import argparse
 import json
+import math
 import multiprocessing as mp
 import os
 import random
@@ -101,7 +102,8 @@ def record(res: dict) -> dict:
 def claims(records: dict) -> list:
     """K2.5's four swarm claims, each a seed-paired comparison over the seeds of `records` ({seed: record}):
     (claim, what is compared, Paired, sign, verdict). An arm that never reaches wide F1 0.7 within the
-    eval budget counts as needing budget + 1 critical steps."""
+    eval budget counts as needing budget + 1 critical steps. The saving reproduces only if both of its
+    differences lie beyond 2 SE and the mean ratio is at least 3x (the low end of the paper's 3-4.5x)."""
     def metric(arm, get):
         return {s: get(r[arm]) for s, r in records.items()}
     never = EnvConfig.critical_budget + 1
@@ -115,7 +117,7 @@ def claims(records: dict) -> list:
              f"critical steps to wide F1 0.7, {parl} - a single agent with no budget (mean {ratio:.1f}x fewer)",
              saving, -1, REPRODUCES if ok else DOES_NOT),
             ("", f"wide item-F1, {parl} - {single}", quality, +1, REPRODUCES if ok else DOES_NOT)]
-    idle = lambda a: a["summary"].get("narrow_idle", 0.0)  # noqa: E731
+    idle = lambda a: a["summary"].get("narrow_idle", math.nan)  # noqa: E731  (no narrow task: no verdict)
     for claim, what, arm_a, arm_b, get, sign in (
             ("outcome reward alone collapses to a single agent", "sub-agents per wide task",
              "outcome only", parl, lambda a: a["summary"]["wide_agents"], -1),
