@@ -202,9 +202,9 @@ def check_config(cfg):
         need(cfg.model.vocab_size > vision.IMAGE_PAD, f"--vocab_size={cfg.model.vocab_size}: image rows use token ids "
              f"up to {vision.IMAGE_PAD} (GPT-2's vocabulary and three image tokens)")
         names = vision_task_names(cfg)
-        bad = sorted(set(names) - set(image_tasks.TASKS))
+        bad = sorted(set(names) - set(image_tasks.ALL_TASKS))
         need(not bad and bool(names), f"--vision_tasks={cfg.vision_tasks}: unknown {bad}; use all or a comma list of "
-             f"{', '.join(image_tasks.TASKS)}")
+             f"{', '.join(image_tasks.ALL_TASKS)}")
         need(round(cfg.vision_ratio * cfg.batch_size) >= 1, f"--vision_ratio={cfg.vision_ratio} of --batch_size="
              f"{cfg.batch_size} rows rounds to no image row; raise one of them (or set --vision_ratio=0)")
 
@@ -808,13 +808,12 @@ def print_progress(rec: dict, stop: int, eta: float):
 def print_eval(ev: dict, step: int, stop: int, seconds: float):
     line = f"eval step {step}/{stop} | text val {ev['val_loss']:.4f} (train {ev['eval_train_loss']:.4f})"
     if "vision_acc" in ev:
-        line += (f" | image acc {ev['vision_acc']:.3f} on {ev['vision_n']} questions (blind {ev['vision_blind']:.3f})"
-                 f" | twin acc {ev['twin_acc']:.3f}")
+        line += f" | image acc {ev['vision_acc']:.3f} on {ev['vision_n']} questions (blind {ev['vision_blind']:.3f})"
     print(line + f" | {seconds:.1f} s", flush=True)
 
 
 def plot_losses(history: list[dict], path: str):
-    """Left: the batch loss of logged steps and the eval losses; right (vision runs): image and twin accuracy."""
+    """Left: the batch loss of logged steps and the eval losses; right (vision runs): image accuracy."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -829,7 +828,6 @@ def plot_losses(history: list[dict], path: str):
     if vis:
         ax = axes[0, 1]
         ax.plot([h["step"] for h in vis], [h["vision_acc"] for h in vis], "o-", label="image questions")
-        ax.plot([h["step"] for h in vis], [h["twin_acc"] for h in vis], "s-", label="their text twins")
         ax.axhline(vis[-1]["vision_blind"], color="k", ls="--", lw=1, label="best blind answer")
         ax.set_xlabel("step"), ax.set_ylabel(f"exact-match accuracy ({vis[-1]['vision_n']} held-out)")
         ax.set_ylim(0, 1), ax.legend(), ax.grid(alpha=0.3)

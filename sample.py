@@ -375,7 +375,7 @@ def ask(loaded: Loaded, args) -> dict:
         toks, is_answer, images = tasks.tokens(ex)                 # the row training and evaluation see
         ids, image, question, truth = toks[:is_answer.index(True)], images[0], ex["question"], ex["answer"]
         print(f"scene {args.scene} (val, task {ex['task']}, {ex['scene']['size'][1]}x{ex['scene']['size'][0]} "
-              f"pixels): {image_tasks.scene_text(ex['scene'])}")
+              f"pixels):{image_tasks.caption(ex['scene'])}")
     else:
         image, question = load_image(args.image), args.question
         ids = question_ids(enc, config.vision_patch_size, image.shape[1], image.shape[2], question)

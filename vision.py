@@ -150,8 +150,9 @@ class EarlyFusion(nn.Module):
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
 
-    def encode(self, images: torch.Tensor) -> torch.Tensor:
-        """Images of one size [G, C, H, W] -> image tokens [G, n, n_embd] in raster order of the merged grid."""
+    def features(self, images: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int]]:
+        """Images of one size [G, C, H, W] -> the ViT's patch features [G, rows*cols, dim] (normed), (rows, cols).
+        The encoder proper: what image_tasks.pretrain_encoder trains before the projector exists."""
         patches, (rows, cols) = patchify(images, self.patch)              # [G, rows*cols, C*p*p]
         pos = patch_positions(rows, cols, images.device)                  # [rows*cols, 2]
         where = (pos.float() + 0.5) / torch.tensor([rows, cols], device=images.device) * 2 - 1
@@ -160,8 +161,28 @@ class EarlyFusion(nn.Module):
             cos, sin = rope_2d(pos, x.shape[-1] // self.n_head)
             for block in self.blocks:
                 x = block(x, cos, sin)
-        x = merge_2x2(self.norm(x), rows, cols)                           # [G, rows/2 * cols/2, 4*dim]
-        return self.projector(x)
+        return self.norm(x), (rows, cols)
+
+    def encode(self, images: torch.Tensor) -> torch.Tensor:
+        """Images of one size [G, C, H, W] -> image tokens [G, n, n_embd] in raster order of the merged grid."""
+        x, (rows, cols) = self.features(images)                           # [G, rows*cols, dim]
+        return self.projector(merge_2x2(x, rows, cols))                   # [G, rows/2 * cols/2, n_embd]
+
+    def encoder_state(self) -> dict:
+        """The encoder's weights (everything but the projector), detached copies: what a pretrained
+        encoder hands to each model that starts from it (load_encoder)."""
+        return {k: v.detach().clone() for k, v in self.state_dict().items() if not k.startswith("projector.")}
+
+    def load_encoder(self, state: dict):
+        """Copy a pretrained encoder (encoder_state) in; the projector keeps its own init. A state of another
+        shape or with other keys stops with a one-line ValueError."""
+        mine = {k: v for k, v in self.state_dict().items() if not k.startswith("projector.")}
+        if set(state) != set(mine) or any(tuple(state[k].shape) != tuple(v.shape) for k, v in mine.items()):
+            raise ValueError("the pretrained encoder does not fit this model's ViT (other keys or shapes: "
+                             "vision_n_embd, vision_n_layer and vision_patch_size must match)")
+        with torch.no_grad():
+            for k, v in mine.items():
+                v.copy_(state[k])
 
     def flops_per_image(self, height: int, width: int) -> int:
         """Forward FLOPs of encoding one image (MFU): embeddings, blocks (4·N²·dim attention), projector."""

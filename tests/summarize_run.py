@@ -25,10 +25,10 @@ def main() -> int:
         print(f"error: {args.log} has no eval lines", file=sys.stderr)
         return 2
     vision = "vision_acc" in evals[-1]
-    print("| step | tokens | text val loss | " + ("image acc | twin acc | " if vision else "") + "tok/s |")
-    print("|---|---|---|" + ("---|---|" if vision else "") + "---|")
+    print("| step | tokens | text val loss | " + ("image acc | " if vision else "") + "tok/s |")
+    print("|---|---|---|" + ("---|" if vision else "") + "---|")
     for r in evals:
-        acc = f"{r['vision_acc']:.3f} | {r['twin_acc']:.3f} | " if vision else ""
+        acc = f"{r['vision_acc']:.3f} | " if vision else ""
         print(f"| {r['step']} | {r['tokens'] / 1e6:.2f}M | {r['val_loss']:.4f} | {acc}{r['tokens_per_s']:,.0f} |")
     if vision:
         print(f"\nimage accuracy on {evals[-1]['vision_n']} held-out questions; best blind answer {evals[-1]['vision_blind']:.3f}")

@@ -1,5 +1,6 @@
-"""Tests for vision.py and image_tasks.py: procedural data, patches and 2-D positions, the fusion hook, loss masks,
-mixed batches, evaluation, and a tiny model.GPT that learns to answer visual questions."""
+"""Tests for vision.py and image_tasks.py: procedural data, captions and the wrapper twins share with image rows,
+patches and 2-D positions, the fusion hook, loss masks, mixed batches, evaluation, the pretrained encoder, and a
+tiny model.GPT that learns to answer visual questions."""
 import re
 
 import numpy as np
@@ -106,6 +107,9 @@ def _solve(question, objs, image):
         return colors[0]
     if question == "Is the shape on the left or the right?":
         return "left" if 2 * objs[0]["col"] + 1 < image.shape[2] // 8 else "right"
+    if m := re.fullmatch(r"Is the (\w+) on the left or the right\?", question):
+        (o,) = [o for o in objs if o["kind"] == m[1]]
+        return "left" if 2 * o["col"] + 1 < image.shape[2] // 8 else "right"
     if m := re.fullmatch(r"How many (\w+) shapes are there\?", question):
         return str(colors.count(m[1]))
     if m := re.fullmatch(r"What colour is the (\w+)\?", question):
@@ -132,24 +136,62 @@ def test_answers_rederived_from_pixels():
                 assert len(objs) == len(ex["scene"]["objects"])
             assert _solve(ex["question"], objs, ex["image"]) == ex["answer"], (ex["task"], ex["question"])
     assert seen_tasks == set(image_tasks.TASKS)
+    for i in range(60):                                       # the few-shape tasks: 1-3 shapes of different kinds
+        ex = image_tasks.make_example(3, "train", i, image_tasks.FEW_TASKS)
+        objs = _objects_from_pixels(ex["image"])
+        assert len(objs) == len(ex["scene"]["objects"]) <= 3 and len({o["kind"] for o in objs}) == len(objs)
+        assert _solve(ex["question"], objs, ex["image"]) == ex["answer"], (ex["task"], ex["question"])
     sizes = {image_tasks.make_example(3, "train", i)["image"].shape[1:] for i in range(60)}
     assert len(sizes) >= 4, "images should come in several sizes"
 
 
-def test_text_twin_states_the_same_scene(tasks):
-    for i in range(30):
+def test_caption_rows_and_twins_share_the_image_rows_wrapper():
+    """Token level: an image row is [image] Q: .. A: answer EOT, its twin the same tokens with the caption in
+    place of the image, and the caption row [image] caption EOT: the caption tokens are the same in both."""
+    tasks = image_tasks.VisionTasks(seed=0, patch=8, tasks=image_tasks.ALL_TASKS)
+    seen = set()
+    for i in range(60):
         ex = tasks.example("train", i)
-        toks, flags, images = tasks.tokens(ex, text_twin=True)
-        assert images == [] and not {IMAGE_START, IMAGE_END, IMAGE_PAD} & set(toks)
-        text = tasks.enc.decode(toks[:-1])
-        assert ex["question"] in text and text.endswith(" A: " + ex["answer"])
-        for o in ex["scene"]["objects"]:
-            assert f"{o['color']} {o['kind']} at row {o['row'] + 1} column {o['col'] + 1}" in text
+        seen.add(ex["task"])
+        image, image_flags, image_images = tasks.tokens(ex, "image")
+        twin, twin_flags, twin_images = tasks.tokens(ex, "twin")
+        cap, cap_flags, cap_images = tasks.tokens(ex, "caption")
+        span = tasks.image_span(ex)
+        n = len(span)
+        assert span[0] == IMAGE_START and span[-1] == IMAGE_END and set(span[1:-1]) == {IMAGE_PAD}
+        assert image[:n] == cap[:n] == span and cap[-1] == image[-1] == twin[-1] == EOT
+        words = cap[n:-1]                                          # the caption, as the caption row writes it
+        assert twin == words + image[n:], "the twin is its image row with the caption in place of the image"
+        assert twin_flags == [False] * len(words) + image_flags[n:]   # the same answer span carries the loss
+        assert cap_flags == [False] * n + [True] * (len(words) + 1)   # a caption row's "answer" is its caption
+        assert twin_images == [] and len(image_images) == len(cap_images) == 1
+        assert torch.equal(image_images[0], cap_images[0])
+        text = tasks.enc.decode(words)
+        assert text == image_tasks.caption(ex["scene"])
+        for o in ex["scene"]["objects"]:                           # colour, kind and side in words
+            side = image_tasks.side_of(o, ex["scene"])
+            assert f"a {o['color']} {o['kind']} {image_tasks.SIDES[side]}" in text
         if ex["scene"]["text"]:
             assert " ".join(ex["scene"]["text"]) in text
-        img_toks, img_flags, _ = tasks.tokens(ex)
-        # the answer span (and its loss mask) is the same in both versions
-        assert [t for t, f in zip(toks, flags) if f] == [t for t, f in zip(img_toks, img_flags) if f]
+        # supervise="text": every text token is a target, no image token ever is
+        toks, flags, _ = tasks.tokens(ex, "caption", supervise="text")
+        assert flags == [t not in (IMAGE_START, IMAGE_PAD, IMAGE_END) for t in toks]
+    assert seen == set(image_tasks.ALL_TASKS)
+    assert image_tasks.caption({"size": (24, 24), "text": "", "objects": [
+        {"color": "red", "kind": "square", "row": 0, "col": 0}, {"color": "blue", "kind": "circle", "row": 1, "col": 1},
+        {"color": "green", "kind": "triangle", "row": 2, "col": 2}]}) == \
+        " a red square on the left, a blue circle in the middle and a green triangle on the right."
+
+
+def test_a_mixed_form_batch_draws_a_form_per_example(tasks):
+    idx, targets, images = tasks.batch("train", 4, 128, 1, form=("caption", "image"), supervise="text")
+    n_images = sum(len(row) for row in images)
+    assert n_images == int((idx == IMAGE_START).sum()) and 0 < int((idx == IMAGE_START).sum())
+    text = " ".join(tasks.enc.decode([t for t in row.tolist() if t < EOT]) for row in idx)
+    assert " Q: " in text and " on the " in text                   # both forms occur
+    assert (targets[torch.isin(idx, torch.tensor([IMAGE_START, IMAGE_PAD]))] == -1).all()
+    with pytest.raises(ValueError, match="form"):
+        tasks.batch("train", 1, 96, 0, form="audio")
 
 
 def test_splits_are_disjoint():
@@ -158,6 +200,13 @@ def test_splits_are_disjoint():
     assert not train & val
     assert all(image_tasks.split_of(k) == "train" for k in train) and all(image_tasks.split_of(k) == "val" for k in val)
     assert len(val) > 300, "val examples should be mostly distinct"
+    # few-shape tasks split by the arrangement alone: no val scene is captioned or asked about in training
+    def arrangement(ex):
+        return image_tasks.example_key(ex["scene"], "")
+    few = image_tasks.FEW_TASKS
+    train = {arrangement(image_tasks.make_example(0, "train", i, few)) for i in range(2000)}
+    val = [arrangement(image_tasks.make_example(0, "val", i, few)) for i in range(400)]
+    assert not train & set(val) and len(set(val)) >= 300
 
 
 # ----------------------------------------------------------------------------- patches and positions
@@ -296,7 +345,7 @@ def test_batch_loss_mask(tasks):
         # the supervised tokens are exactly the answers and their closing EOTs
         answers = tasks.enc.decode([v for v in targets[b][targets[b] != -1].tolist() if v != EOT])
         assert answers.strip() and (targets[b] == EOT).sum() == (idx[b] == IMAGE_START).sum()
-    twin = tasks.batch("train", 2, 128, 0, text_twin=True)
+    twin = tasks.batch("train", 2, 128, 0, form="twin")
     assert twin[2] == [[], []] and not torch.isin(twin[0], image_ids).any()
 
 
@@ -340,7 +389,8 @@ class _Oracle(torch.nn.Module):
 
 def test_evaluate_is_exact_match(tasks):
     assert tasks.evaluate(_Oracle(), "val", 20) == 1.0
-    assert tasks.evaluate(_Oracle(), "val", 20, text_twin=True) == 1.0
+    assert tasks.evaluate(_Oracle(), "val", 20, form="twin") == 1.0
+    assert tasks.hits(_Oracle(wrong=True), "val", 5) == [False] * 5
     assert tasks.evaluate(_Oracle(wrong=True), "val", 20) == 0.0
     assert 0.0 <= tasks.majority_baseline("val", 100, n_train=600) < 0.5
 
@@ -370,3 +420,21 @@ def test_tiny_gpt_learns_a_visual_task():
     acc = tasks.evaluate(gpt, "val", 100)
     print(f"tiny GPT visual accuracy {acc:.2f} vs best blind answer {blind:.2f}")
     assert acc > blind + 0.3, f"accuracy {acc:.2f} is not clearly above the best blind answer {blind:.2f}"
+
+
+def test_pretrained_encoder_reads_scene_attributes_and_loads_into_a_model():
+    """image_tasks.pretrain_encoder trains the ViT alone (no projector) on patch colour, kind, side and the
+    scene count; its state loads into a fresh model's EarlyFusion bit for bit, and one of another shape is refused."""
+    import model
+    cfg = model.Config(block_size=64, n_layer=1, n_head=2, n_embd=32, vision=True, vision_patch_size=8,
+                       vision_n_embd=16, vision_n_layer=1, vision_n_head=2)
+    state, check = image_tasks.pretrain_encoder(cfg, seed=0, steps=60, batch_size=16, n_check=60)
+    assert not any(k.startswith("projector.") for k in state) and "patch_embed.weight" in state
+    assert check["colour"] > 0.6 and check["count"] > 0.5, check        # chance: 0.25 and 1/3 (0.75, 0.82 measured)
+    again, _ = image_tasks.pretrain_encoder(cfg, seed=0, steps=60, batch_size=16, n_check=0)
+    assert all(torch.equal(state[k], again[k]) for k in state), "the same seed pretrains the same encoder"
+    gpt = model.GPT(cfg)
+    gpt.vision.load_encoder(state)
+    assert all(torch.equal(v, state[k]) for k, v in gpt.vision.encoder_state().items())
+    with pytest.raises(ValueError, match="does not fit"):
+        model.GPT(model.Config(**{**cfg.__dict__, "vision_n_embd": 32})).vision.load_encoder(state)
