@@ -750,7 +750,7 @@ def report(args, results: dict):
         t = results["transfer"]
         side_blind = {s: b["held"] for s, b in results["blind"].items()}
         lines += ["", f"**Transfer** (pretraining: {args.pretrain_steps} steps, lr {args.pretrain_lr:g}, per step "
-                  f"{TRANSFER_ROWS['image']} image rows + {TRANSFER_ROWS['twin']} twin row of {'/'.join(SEEN)}; side "
+                  f"{TRANSFER_ROWS['image']} image rows + {TRANSFER_ROWS['twin']} twin rows of {'/'.join(SEEN)}; side "
                   f"questions held out of both; fine-tunes: {args.sft_steps} steps x {args.sft_batch} rows of "
                   f"{'/'.join(HELD)}; {args.n_eval} held-out questions; best blind side answer "
                   f"{statistics.fmean(side_blind[s] for s in args.transfer_seeds):.3f}).", "",

@@ -4,6 +4,7 @@ run of the whole protocol writing its verdict rows."""
 import json
 import os
 import runpy
+import shutil
 import sys
 
 import pytest
@@ -86,19 +87,6 @@ def _run(argv_tail: list) -> None:
         torch.set_num_threads(threads)
 
 
-def test_a_failed_gate_ends_the_fusion_part_with_its_numbers(tmp_path):
-    """By default the judging seeds run only after the gate passed; a --quick model (10 steps) cannot pass it."""
-    _run(["--quick", "--part=fusion", f"--out_dir={tmp_path}"])
-    results = json.loads((tmp_path / "fusion_timing.json").read_text())
-    f = results["fusion"]
-    assert not f["claim"]["gate_tuning"] and f["judged"] == [] and f["frozen"] == []
-    assert {r["arm"] for r in f["gate_runs"]} == set(ft.ARMS) and not os.path.exists(tmp_path / "fusion" / "early" / "seed101_lr0.002_steps10")
-    (row,) = [line for line in (tmp_path / "fusion_timing.md").read_text().splitlines() if line.startswith("| early fusion")]
-    assert "FAILED on tuning seed 1337 at 10 steps" in row and "judging seeds not run" in row
-    assert row.endswith("| **not testable at this scale** |")
-    assert (tmp_path / "fusion_timing.png").stat().st_size > 0
-
-
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
     """One --quick run of the whole protocol (both experiments, the judging seeds despite the failed gate),
@@ -106,6 +94,22 @@ def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp("fusion_timing")
     _run(["--quick", "--judge_failed_gate", f"--out_dir={out}"])
     return out, json.loads((out / "fusion_timing.json").read_text())
+
+
+def test_a_failed_gate_ends_the_fusion_part_with_its_numbers(quick, tmp_path):
+    """By default the judging seeds run only after the gate passed; a --quick model (10 steps) cannot pass it.
+    The quick run's tuning runs are read back (--reuse), so only the decision and the report run here."""
+    out, _ = quick
+    shutil.copytree(out, tmp_path / "again")
+    _run(["--quick", "--part=fusion", "--reuse", f"--out_dir={tmp_path / 'again'}"])
+    results = json.loads((tmp_path / "again" / "fusion_timing.json").read_text())
+    f = results["fusion"]
+    assert not f["claim"]["gate_tuning"] and f["judged"] == [] and f["frozen"] == []
+    assert {r["arm"] for r in f["gate_runs"]} == set(ft.ARMS) and "transfer" not in results
+    (row,) = [line for line in (tmp_path / "again" / "fusion_timing.md").read_text().splitlines()
+              if line.startswith("| early fusion")]
+    assert "FAILED on tuning seed 1337 at 10 steps" in row and "judging seeds not run" in row
+    assert row.endswith("| **not testable at this scale** |")
 
 
 def test_quick_run_writes_a_verdict_row_per_claim_and_the_figure(quick):
