@@ -592,7 +592,8 @@ def main():
 
         def sft_best_lr(c, k):
             # a fine-tune whose text val loss rose more than SFT_TEXT_SLACK above its base model's diverged (at 3e-3
-            # and 1e-2 it reached 15-21 nats on the tuning seed): not eligible, however it answers
+            # and 1e-2 it reached 15-21 nats on the tuning seed): not eligible, however it answers (if every lr
+            # diverged, all compete, and the report's text val column shows it)
             runs = [r for r in sft_tuned if (r["pretrained"], r["kind"]) == (base_name(c), k)]
             kept = [r for r in runs if r["text"] <= base[args.seed, c]["text"] + SFT_TEXT_SLACK] or runs
             return protocol.best_lr({r["lr"]: [r[metric[k]]] for r in kept}, lower_is_better=False)
