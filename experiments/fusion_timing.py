@@ -23,7 +23,9 @@ The claims. Table 1: at a fixed total of vision and text tokens, vision from the
    if one does not, the tuned arms run again at 2x, then 3x the steps, and the judged runs use the first
    length that passes (if none does, the row reads "not testable at this scale" with the gate's numbers,
    and the judging seeds are not run unless --judge_failed_gate asks).
-   Verdict: reproduces iff the gate passed, mean accuracy early >= mid >= late, early - late > 2 SE and
+   The gate is checked again on the judging seeds: every arm's mean must end >= GATE above their mean blind
+   answer, or the row reads "not testable at this scale" (an arm that cannot read the images cannot time them).
+   Verdict: reproduces iff both gates passed, mean accuracy early >= mid >= late, early - late > 2 SE and
    positive in every judging seed, and early's text loss not worse than late's by more than 2 SE.
 2. Cross-modal transfer. Two models per seed, from the same encoder: the mix "text + image rows (captions
    and colour questions) + twin rows (colour questions, the caption in place of the image)", and the
