@@ -1,6 +1,6 @@
 """experiments/fusion_timing.py: equal vision (and text) rows and tokens in every arm, the held-out question type
-in no training row of either modality, the shared encoder bit-identical at the start of every arm, and the --quick
-run of the whole protocol writing its verdict rows."""
+in no training row of either modality, the shared encoder bit-identical at the start of every arm, the fusion
+verdict's rule (the judging seeds' gate first), and the --quick run of the whole protocol writing its verdict rows."""
 import json
 import os
 import runpy
@@ -110,6 +110,34 @@ def test_a_failed_gate_ends_the_fusion_part_with_its_numbers(quick, tmp_path):
               if line.startswith("| early fusion")]
     assert "FAILED on tuning seed 1337 at 10 steps" in row and "judging seeds not run" in row
     assert row.endswith("| **not testable at this scale** |")
+
+
+SEEDS = (101, 102, 103, 104, 105)
+
+
+def _judged(acc: dict, text: dict) -> list:
+    return [dict(arm=a, seed=s, acc=acc[a][i], text=text[a][i]) for a in ft.ARMS for i, s in enumerate(SEEDS)]
+
+
+def test_the_judging_seeds_gate_decides_before_the_difference():
+    """judge_fusion on crafted runs: an arm under blind + GATE on the judging seeds makes the row not testable even
+    when early beats late in every seed; lifted over the gate the same order reproduces; a seed where late wins
+    makes it does not reproduce."""
+    blind = {s: 0.38 for s in SEEDS}
+    text = {"early": [4.55] * 5, "mid": [4.56] * 5, "late": [4.63, 4.64, 4.62, 4.65, 4.63]}
+    acc = {"early": [0.73, 0.70, 0.68, 0.80, 0.68], "mid": [0.75, 0.49, 0.51, 0.75, 0.74],
+           "late": [0.60, 0.51, 0.57, 0.45, 0.57]}                    # late's mean 0.54 < 0.38 + GATE
+    c = ft.judge_fusion(_judged(acc, text), blind, gate_ok=True)
+    assert not c["gate_judged"] and c["early_late"].holds(+1) == 5 and c["verdict"] == ft.protocol.NOT_TESTABLE
+    lifted = dict(acc, late=[a + 0.06 for a in acc["late"]])          # mean 0.60: the gate passes
+    c = ft.judge_fusion(_judged(lifted, text), blind, gate_ok=True)
+    assert c["gate_judged"] and c["verdict"] == ft.protocol.REPRODUCES
+    assert ft.judge_fusion(_judged(lifted, text), blind, gate_ok=False)["verdict"] == ft.protocol.NOT_TESTABLE
+    one_seed_reversed = dict(lifted, late=[0.62, 0.53, 0.59, 0.81, 0.45])  # order, gate and 2 SE hold; seed 104 not
+    c = ft.judge_fusion(_judged(one_seed_reversed, text), blind, gate_ok=True)
+    el = c["early_late"]
+    assert c["gate_judged"] and c["order"] and el.diff > 2 * el.se and el.holds(+1) == 4
+    assert c["verdict"] == ft.protocol.DOES_NOT
 
 
 def test_quick_run_writes_a_verdict_row_per_claim_and_the_figure(quick):
